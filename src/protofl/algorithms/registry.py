@@ -1,0 +1,32 @@
+"""Algorithms by name (``pgfl`` is an alias of ``fedmargin``)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from protofl.algorithms.base import Algorithm
+from protofl.errors import ProtoflError
+from protofl.models.nets import ProtoNet
+
+ALGORITHMS: dict[str, str] = {
+    "fedavg": "protofl.algorithms.fedavg:FedAvg",
+    "fedprox": "protofl.algorithms.fedavg:FedProx",
+    "fedatt": "protofl.algorithms.fedavg:FedAtt",
+    "fedmargin": "protofl.algorithms.fedmargin:FedMargin",
+}
+ALIASES = {"pgfl": "fedmargin"}
+
+
+def algorithm_class(name: str) -> type[Algorithm]:
+    name = ALIASES.get(name, name)
+    if name not in ALGORITHMS:
+        allowed = ", ".join([*ALGORITHMS, *ALIASES])
+        raise ProtoflError(f"unknown algorithm {name!r}; allowed: {allowed}")
+    module, cls = ALGORITHMS[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def make_algorithm(name: str, options: dict[str, Any], model: ProtoNet,
+                   num_classes: int) -> Algorithm:
+    return algorithm_class(name)(options, model, num_classes)

@@ -1,0 +1,195 @@
+"""The ``protofl`` command line. Commands only: the work is done by the library."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from protofl.errors import ProtoflError
+
+NAMES_NOTE = ("Two published methods are called 'FedProto': here 'fedmargin' (alias 'pgfl') is "
+              "Michieli & Ozay's margin-guided method (the first seed), and 'fedproto' is "
+              "Tan et al. (AAAI 2022).")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit code 2
+        raise ProtoflError(f"{self.prog}: {message}")
+
+
+def _config(args) -> tuple:
+    from protofl.config import apply_set, config_from_dict, load_raw
+
+    raw = load_raw(args.config) if args.config else {}
+    for flag, key in (("algorithm", "algorithm"), ("rounds", "rounds"), ("seed", "seed")):
+        if getattr(args, flag, None) is not None:
+            raw[key] = getattr(args, flag)
+    if getattr(args, "dataset", None):
+        raw.setdefault("data", {})["name"] = args.dataset
+    for s in args.set or []:
+        apply_set(raw, s)
+    return config_from_dict(raw), raw
+
+
+def cmd_run(args) -> int:
+    from protofl.engine.experiment import resume_experiment, run_experiment
+
+    if args.resume:
+        summary = resume_experiment(Path(args.resume), progress=not args.quiet)
+        out = Path(args.resume)
+    else:
+        cfg, _ = _config(args)
+        out = Path(args.out) if args.out else Path("runs") / (
+            f"{cfg.algorithm}_{cfg.data.name}_seed{cfg.seed}_{time.strftime('%Y%m%d-%H%M%S')}")
+        summary = run_experiment(cfg, out, overwrite=args.overwrite, progress=not args.quiet)
+    figures = ", ".join(f"{k} {summary[k]:.4f}" for k in ("accuracy", "loss", "local_accuracy")
+                        if isinstance(summary.get(k), float))
+    print(f"{summary['algorithm']} on {summary['dataset']}, {summary['rounds']} rounds: "
+          f"{figures} ({summary['seconds']:.1f} s) -> {out}")
+    return 0
+
+
+def _run_folders(paths: list[str]) -> list[Path]:
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if (p / "summary.json").exists():
+            found.append(p)
+        elif p.is_dir():
+            found.extend(sorted(s.parent for s in p.rglob("summary.json")))
+        else:
+            raise ProtoflError(f"{p} is not a run folder or a folder of runs")
+    if not found:
+        raise ProtoflError("no finished run folder (with summary.json) under " + " ".join(paths))
+    return found
+
+
+def cmd_compare(args) -> int:
+    from protofl.report.compare import compare
+
+    print(compare(_run_folders(args.dirs), Path(args.out) if args.out else None))
+    return 0
+
+
+def cmd_suite(args) -> int:
+    from protofl.config import apply_set
+    from protofl.suites import run_suite
+
+    overrides: dict = {}
+    if args.rounds is not None:
+        overrides["rounds"] = args.rounds
+    for s in args.set or []:
+        apply_set(overrides, s)
+    seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
+    out = Path(args.out or f"runs/{args.name}")
+    print(run_suite(args.name, out, args.jobs, seeds, overrides))
+    print(f"table: {out / 'table.md'}; curves: {out}/table_*.png")
+    return 0
+
+
+def cmd_algorithms(args) -> int:
+    from protofl.algorithms.registry import ALGORITHMS, ALIASES, algorithm_class
+
+    for name in ALGORITHMS:
+        print(f"{name:12s} {algorithm_class(name).description}")
+    for alias, target in ALIASES.items():
+        print(f"{alias:12s} alias of {target}")
+    print(NAMES_NOTE)
+    return 0
+
+
+def cmd_datasets(args) -> int:
+    from protofl.data.registry import DATASETS
+
+    for name, spec in DATASETS.items():
+        where = "built in" if not spec.needs_files else "needs data.root"
+        print(f"{name:10s} {spec.description} [{where}; model {spec.model}]")
+    return 0
+
+
+def cmd_suites(args) -> int:
+    from protofl.suites import SUITES
+
+    for name, suite in SUITES.items():
+        print(f"{name:20s} {suite.description}")
+    return 0
+
+
+def cmd_stats(args) -> int:
+    from protofl.data.registry import load_dataset
+    from protofl.report.stats import partition_stats
+
+    cfg, _ = _config(args)
+    data = load_dataset(cfg.data)
+    out = Path(args.out) if args.out else None
+    print(partition_stats(data, out))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="protofl", description="Prototype-guided federated learning. " + NAMES_NOTE)
+    p.add_argument("-v", "--verbose", action="store_true", help="log more")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def config_args(q, with_out=True):
+        q.add_argument("config", nargs="?", help="YAML/JSON config (default: built-in defaults)")
+        q.add_argument("--algorithm", help="algorithm name (see 'protofl algorithms')")
+        q.add_argument("--dataset", help="dataset name (see 'protofl datasets')")
+        q.add_argument("--rounds", type=int)
+        q.add_argument("--seed", type=int)
+        q.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a config key, e.g. clients.lr=0.05 (repeatable)")
+        if with_out:
+            q.add_argument("--out", help="run folder (default: runs/<alg>_<data>_seed<s>_<time>)")
+
+    q = sub.add_parser("run", help="run one experiment (default: fedmargin on Synthetic(1,1))")
+    config_args(q)
+    q.add_argument("--resume", metavar="DIR", help="continue a killed run from its checkpoint")
+    q.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    q.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    q.set_defaults(func=cmd_run)
+
+    q = sub.add_parser("compare", help="table (mean ± std over seeds) and curves of runs")
+    q.add_argument("dirs", nargs="+", help="run folders, or folders holding run folders")
+    q.add_argument("--out", help="write the table here (Markdown) with .json and curve PNGs")
+    q.set_defaults(func=cmd_compare)
+
+    q = sub.add_parser("suite", help="run a named grid of experiments and compare them")
+    q.add_argument("name", help="suite name (see 'protofl suites')")
+    q.add_argument("--out", help="folder (default: runs/<name>)")
+    q.add_argument("--jobs", type=int, help="parallel processes (default: CPU count)")
+    q.add_argument("--seeds", help="comma-separated seeds (default: the suite's)")
+    q.add_argument("--rounds", type=int, help="override every run's rounds")
+    q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override every run")
+    q.set_defaults(func=cmd_suite)
+
+    for name, func, text in (("algorithms", cmd_algorithms, "list the algorithms"),
+                             ("datasets", cmd_datasets, "list the datasets"),
+                             ("suites", cmd_suites, "list the experiment suites")):
+        sub.add_parser(name, help=text).set_defaults(func=func)
+
+    q = sub.add_parser("stats", help="partition statistics of a dataset (the seed's Fig. S1)")
+    config_args(q, with_out=False)
+    q.add_argument("--out", help="folder for stats.json and stats.png")
+    q.set_defaults(func=cmd_stats)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            format="protofl: %(message)s")
+        return args.func(args)
+    except ProtoflError as e:
+        print(f"protofl: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("protofl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

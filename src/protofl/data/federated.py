@@ -1,0 +1,147 @@
+"""The federated dataset container: each split is one contiguous tensor, clients are ranges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from protofl.errors import ProtoflError
+
+
+@dataclass
+class FederatedData:
+    """All samples of a federation, stored once.
+
+    Client ``k``'s training samples are ``x_train[train_offsets[k]:train_offsets[k+1]]`` (the
+    same for its local test split), so a round touches only the rows of its active clients and
+    1,000 clients cost no more memory than their samples. ``x_test``/``y_test`` is the global
+    test set used to evaluate the aggregate model.
+    """
+
+    name: str
+    num_classes: int
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    train_offsets: np.ndarray
+    x_local_test: torch.Tensor
+    y_local_test: torch.Tensor
+    test_offsets: np.ndarray
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    class_names: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.train_offsets = np.asarray(self.train_offsets, dtype=np.int64)
+        self.test_offsets = np.asarray(self.test_offsets, dtype=np.int64)
+        if len(self.train_offsets) != len(self.test_offsets):
+            raise ProtoflError(f"{self.name}: train and local-test splits disagree on client count")
+        if self.train_offsets[-1] != len(self.x_train) or self.test_offsets[-1] != len(
+            self.x_local_test
+        ):
+            raise ProtoflError(f"{self.name}: client offsets do not cover the samples")
+        if not self.class_names:
+            self.class_names = [str(c) for c in range(self.num_classes)]
+        counts = np.zeros((self.num_clients, self.num_classes), dtype=np.int64)
+        y = self.y_train.numpy()
+        for k in range(self.num_clients):
+            counts[k] = np.bincount(y[self.train_offsets[k] : self.train_offsets[k + 1]],
+                                    minlength=self.num_classes)
+        self.class_counts = counts  # (K, C) training samples per client and class
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.train_offsets) - 1
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_train.shape[1:])
+
+    @property
+    def train_sizes(self) -> np.ndarray:
+        return np.diff(self.train_offsets)
+
+    def client_train(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = self.train_offsets[k], self.train_offsets[k + 1]
+        return self.x_train[a:b], self.y_train[a:b]
+
+    def client_test(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = self.test_offsets[k], self.test_offsets[k + 1]
+        return self.x_local_test[a:b], self.y_local_test[a:b]
+
+    def summary(self) -> dict:
+        """Partition statistics: sizes and classes per client (the seed's Fig. S1)."""
+        sizes = self.train_sizes
+        classes = (self.class_counts > 0).sum(1)
+        return {
+            "dataset": self.name,
+            "clients": self.num_clients,
+            "classes": self.num_classes,
+            "train_samples": int(sizes.sum()),
+            "local_test_samples": int(len(self.x_local_test)),
+            "global_test_samples": int(len(self.x_test)),
+            "samples_per_client": _describe(sizes),
+            "classes_per_client": _describe(classes),
+        }
+
+
+def _describe(v: np.ndarray) -> dict:
+    return {"min": int(v.min()), "median": float(np.median(v)), "mean": float(v.mean()),
+            "max": int(v.max())}
+
+
+def from_client_lists(
+    name: str,
+    num_classes: int,
+    xs: list[torch.Tensor],
+    ys: list[torch.Tensor],
+    x_test: torch.Tensor | None = None,
+    y_test: torch.Tensor | None = None,
+    local_test_fraction: float = 0.1,
+    seed: int = 0,
+    class_names: list[str] | None = None,
+) -> FederatedData:
+    """Build the container from per-client samples, splitting each client 90/10 (default).
+
+    Without a global test set, the union of the clients' local test splits is used.
+    """
+    rng = np.random.default_rng(seed)
+    tr_x, tr_y, te_x, te_y = [], [], [], []
+    for x, y in zip(xs, ys):
+        perm = torch.from_numpy(rng.permutation(len(y)))
+        n_test = int(round(local_test_fraction * len(y)))
+        if len(y) > 1:
+            n_test = min(max(n_test, 1 if local_test_fraction > 0 else 0), len(y) - 1)
+        te, tr = perm[:n_test], perm[n_test:]
+        tr_x.append(x[tr]); tr_y.append(y[tr]); te_x.append(x[te]); te_y.append(y[te])
+    train_offsets = np.concatenate([[0], np.cumsum([len(y) for y in tr_y])])
+    test_offsets = np.concatenate([[0], np.cumsum([len(y) for y in te_y])])
+    x_local_test, y_local_test = torch.cat(te_x), torch.cat(te_y)
+    if x_test is None:
+        x_test, y_test = x_local_test, y_local_test
+    return FederatedData(
+        name=name, num_classes=num_classes,
+        x_train=torch.cat(tr_x), y_train=torch.cat(tr_y).long(), train_offsets=train_offsets,
+        x_local_test=x_local_test, y_local_test=y_local_test.long(), test_offsets=test_offsets,
+        x_test=x_test, y_test=y_test.long(), class_names=class_names or [],
+    )
+
+
+def from_partition(
+    name: str,
+    num_classes: int,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    parts: list[np.ndarray],
+    x_test: torch.Tensor,
+    y_test: torch.Tensor,
+    local_test_fraction: float = 0.1,
+    seed: int = 0,
+    class_names: list[str] | None = None,
+) -> FederatedData:
+    """Build the container from a pool and per-client index arrays (a partitioner's output)."""
+    xs = [x[torch.as_tensor(p, dtype=torch.long)] for p in parts]
+    ys = [y[torch.as_tensor(p, dtype=torch.long)] for p in parts]
+    return from_client_lists(name, num_classes, xs, ys, x_test, y_test, local_test_fraction,
+                             seed, class_names)

@@ -1,0 +1,64 @@
+"""Every dataset by name, with its paper model and a one-line description."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from protofl.config import DataConfig
+from protofl.data.federated import FederatedData
+from protofl.errors import ProtoflError
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    builder: str  # "module:function", the function takes a DataConfig
+    model: str  # the paper's model for it
+    description: str
+    needs_files: bool = True
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    "synthetic": DatasetSpec("protofl.data.registry:_synthetic", "mlp",
+                             "Synthetic(alpha, beta), FedProx recipe, 30 clients (no download)",
+                             needs_files=False),
+    "digits": DatasetSpec("protofl.data.digits:digits_federation", "digits_cnn",
+                          "scikit-learn's 8x8 handwritten digits, 10 clients (no download)",
+                          needs_files=False),
+    "mnist": DatasetSpec("protofl.data.mnist:mnist_federation", "leaf_cnn",
+                         "MNIST from the four IDX files; 1,000 clients, two digits each"),
+    "femnist": DatasetSpec("protofl.data.leaf:femnist_federation", "leaf_cnn",
+                           "FEMNIST from LEAF JSON; lower-case a-j, 5 classes per client, 200 clients"),
+    "celeba": DatasetSpec("protofl.data.leaf:celeba_federation", "celeba_cnn",
+                          "CelebA smiling/not from LEAF JSON and its image folder, a client per celebrity"),
+    "leaf": DatasetSpec("protofl.data.leaf:leaf_federation", "mlp",
+                        "any LEAF JSON folder of vectors (e.g. the FedProx Synthetic files)"),
+    "ham10000": DatasetSpec("protofl.data.medical:ham10000_federation", "resnet18",
+                            "HAM10000 dermoscopy: metadata CSV + JPEG folders, 7 classes"),
+    "matek19": DatasetSpec("protofl.data.medical:matek19_federation", "resnet18",
+                           "Matek-19 AML cytomorphology: a TIFF folder per class, 15 classes"),
+    "medmnist": DatasetSpec("protofl.data.medical:medmnist_federation", "resnet18",
+                            "a MedMNIST .npz file (dermamnist, bloodmnist, ...)"),
+}
+
+
+def _synthetic(cfg: DataConfig) -> FederatedData:
+    from protofl.data.synthetic import synthetic_federation
+
+    return synthetic_federation(cfg.synthetic_alpha, cfg.synthetic_beta,
+                                cfg.num_clients or 30, cfg.seed)
+
+
+def dataset_spec(name: str) -> DatasetSpec:
+    if name not in DATASETS:
+        raise ProtoflError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}")
+    return DATASETS[name]
+
+
+def load_dataset(cfg: DataConfig) -> FederatedData:
+    """Build the federation a data config names (validated, one clear error if not)."""
+    spec = dataset_spec(cfg.name)
+    if spec.needs_files and not cfg.root:
+        raise ProtoflError(f"dataset {cfg.name!r} needs its files: set data.root to their folder")
+    module, func = spec.builder.split(":")
+    return getattr(importlib.import_module(module), func)(cfg)

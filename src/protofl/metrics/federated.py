@@ -1,0 +1,100 @@
+"""Per-round figures of the aggregate model: test accuracy and loss, local accuracy, training
+loss, gradient dissimilarity and the aggregate mean margin (AMM)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad
+
+from protofl.algorithms import prototypes as pm
+from protofl.algorithms.base import Algorithm, Tensors
+from protofl.data.federated import FederatedData
+from protofl.metrics.classification import report
+from protofl.models.nets import ProtoNet
+
+
+@torch.no_grad()
+def scores(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors, state: Tensors,
+           x: torch.Tensor, batch: int) -> torch.Tensor:
+    model.eval()
+    return torch.cat([alg.predict(model, params, buffers, state, x[i:i + batch])
+                      for i in range(0, len(x), batch)])
+
+
+def evaluate(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors,
+             state: Tensors, x: torch.Tensor, y: torch.Tensor, num_classes: int,
+             batch: int = 2048) -> dict:
+    """Classification report plus mean cross-entropy of the class scores."""
+    if len(y) == 0:
+        return {}
+    s = scores(alg, model, params, buffers, state, x, batch)
+    out = report(y.numpy(), s.argmax(1).numpy(), num_classes)
+    out["loss"] = float(F.cross_entropy(s, y))
+    return out
+
+
+def local_accuracy(alg: Algorithm, model: ProtoNet, state: Tensors, data: FederatedData,
+                   client_states: dict[int, Tensors], batch: int = 2048) -> float:
+    """Mean over clients of accuracy on their own local test split (personalised methods use
+    each client's own weights where it has them)."""
+    accs = []
+    for k in range(data.num_clients):
+        x, y = data.client_test(k)
+        if len(y) == 0:
+            continue
+        own = client_states.get(k, {}) if alg.personalized else {}
+        params = own.get("params", state.get("params"))
+        buffers = own.get("buffers", state.get("buffers"))
+        s = scores(alg, model, params, buffers, state, x, batch)
+        accs.append(float((s.argmax(1) == y).float().mean()))
+    return float(np.mean(accs)) if accs else float("nan")
+
+
+def train_loss(alg: Algorithm, model: ProtoNet, state: Tensors, data: FederatedData,
+               max_samples: int, seed: int, batch: int = 2048) -> float:
+    """Cross-entropy of the aggregate model over (a seeded sample of) all training data."""
+    n = len(data.y_train)
+    idx = torch.arange(n) if n <= max_samples else torch.from_numpy(
+        np.sort(np.random.default_rng(seed).choice(n, max_samples, replace=False)))
+    s = scores(alg, model, state["params"], state["buffers"], state, data.x_train[idx], batch)
+    return float(F.cross_entropy(s, data.y_train[idx]))
+
+
+def gradient_dissimilarity(model: ProtoNet, params: Tensors, buffers: Tensors,
+                           data: FederatedData, clients: np.ndarray,
+                           max_per_client: int = 2000) -> float:
+    """``(1/|K|) sum_k ||grad L_k(W) - grad L(W)||^2`` with ``grad L = sum n_k grad L_k / sum
+    n_k`` over the given clients (cross-entropy at the aggregate weights)."""
+
+    def client_loss(p, x, y):
+        _, logits = functional_call(model, {**p, **buffers}, (x,))
+        return F.cross_entropy(logits, y)
+
+    g = grad(client_loss)
+    model.eval()
+    flat, sizes = [], []
+    for k in clients.tolist():
+        x, y = data.client_train(k)
+        x, y = x[:max_per_client], y[:max_per_client]
+        gk = g(params, x, y)
+        flat.append(torch.cat([v.reshape(-1) for v in gk.values()]).double())
+        sizes.append(float(len(data.client_train(k)[1])))
+    gs = torch.stack(flat)
+    w = torch.tensor(sizes, dtype=torch.float64)
+    mean = (w.unsqueeze(1) * gs).sum(0) / w.sum()
+    return float(((gs - mean) ** 2).sum(1).mean())
+
+
+def aggregate_mean_margin(protos: torch.Tensor, counts: torch.Tensor, server: torch.Tensor
+                          ) -> float:
+    """AMM: mean over clients and their present classes of SPM(P_k, P) against the aggregate
+    prototypes ``server`` (all classes present). ``protos (K, C, d)``, ``counts (K, C)``."""
+    everything = torch.ones(server.shape[0], dtype=torch.bool)
+    vals = []
+    for p, n in zip(protos, counts):
+        s = pm.spm(p.double(), server.double(), n > 0, everything)
+        vals.append(s[~torch.isnan(s)])
+    v = torch.cat(vals) if vals else torch.empty(0)
+    return float(v.mean()) if len(v) else float("nan")

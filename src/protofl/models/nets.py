@@ -1,0 +1,78 @@
+"""The seed papers' small models. Each has ``encode(x) -> z`` and ``head(z) -> logits``;
+``forward(x)`` returns both ``(z, logits)`` so one functional call serves every loss."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ProtoNet(nn.Module):
+    """Base: an encoder (features before the classifier) and a linear head."""
+
+    feature_dim: int
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def head(self, z: torch.Tensor) -> torch.Tensor:
+        return self.classifier(z)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.encode(x)
+        return z, self.head(z)
+
+
+class Mlp(ProtoNet):
+    """60 -> 128 -> 256 -> C (the seed's Synthetic model); z is the 256-d hidden layer."""
+
+    def __init__(self, in_dim: int, num_classes: int, hidden: tuple[int, ...] = (128, 256)):
+        super().__init__()
+        layers, d = [], in_dim
+        for h in hidden:
+            layers += [nn.Linear(d, h), nn.ReLU()]
+            d = h
+        self.body = nn.Sequential(*layers)
+        self.feature_dim = d
+        self.classifier = nn.Linear(d, num_classes)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x.flatten(1))
+
+
+class ConvNet(ProtoNet):
+    """Conv blocks, then a hidden fully connected layer (the feature z), then the head."""
+
+    def __init__(self, in_shape: tuple[int, ...], num_classes: int, channels: tuple[int, ...],
+                 kernel: int, fc: int | None, pool_then_relu: bool = False):
+        super().__init__()
+        blocks, c = [], in_shape[0]
+        for ch in channels:
+            conv = nn.Conv2d(c, ch, kernel, padding=kernel // 2)
+            blocks += [conv, nn.MaxPool2d(2), nn.ReLU()] if pool_then_relu else [
+                conv, nn.ReLU(), nn.MaxPool2d(2)]
+            c = ch
+        self.features = nn.Sequential(*blocks, nn.Flatten())
+        with torch.no_grad():
+            flat = self.features(torch.zeros(1, *in_shape)).shape[1]
+        self.fc = nn.Sequential(nn.Linear(flat, fc), nn.ReLU()) if fc else nn.Identity()
+        self.feature_dim = fc or flat
+        self.classifier = nn.Linear(self.feature_dim, num_classes)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x))
+
+
+def leaf_cnn(in_shape, num_classes):
+    """conv5x5(32) pool, conv5x5(64) pool, fc 256 (MNIST, FEMNIST)."""
+    return ConvNet(in_shape, num_classes, (32, 64), 5, 256)
+
+
+def digits_cnn(in_shape, num_classes):
+    """The same design scaled to 8x8 digits: conv3x3(32) pool, conv3x3(64) pool, fc 128."""
+    return ConvNet(in_shape, num_classes, (32, 64), 3, 128)
+
+
+def celeba_cnn(in_shape, num_classes):
+    """4 x (conv3x3 32, pool, ReLU), flattened features, then the head (CelebA)."""
+    return ConvNet(in_shape, num_classes, (32, 32, 32, 32), 3, None, pool_then_relu=True)

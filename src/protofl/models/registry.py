@@ -1,0 +1,37 @@
+"""Models by name."""
+
+from __future__ import annotations
+
+import importlib
+
+from protofl.config import ModelConfig
+from protofl.errors import ProtoflError
+from protofl.models.nets import ProtoNet
+
+MODELS: dict[str, tuple[str, str]] = {
+    "mlp": ("protofl.models.registry:_mlp", "60 -> 128 -> 256 -> C MLP (Synthetic)"),
+    "digits_cnn": ("protofl.models.nets:digits_cnn", "2 conv + fc 128 for 8x8 digits"),
+    "leaf_cnn": ("protofl.models.nets:leaf_cnn", "LEAF CNN: conv5x5 32/64, fc 256 (28x28)"),
+    "celeba_cnn": ("protofl.models.nets:celeba_cnn", "4 x (conv 32, pool, ReLU) (CelebA)"),
+    "resnet18": ("protofl.models.resnet:resnet18", "ResNet-18, d = 512 (medical images)"),
+}
+
+
+def _mlp(in_shape, num_classes):
+    from protofl.models.nets import Mlp
+
+    dim = 1
+    for s in in_shape:
+        dim *= s
+    return Mlp(dim, num_classes)
+
+
+def build_model(name: str, in_shape: tuple[int, ...], num_classes: int,
+                cfg: ModelConfig | None = None) -> ProtoNet:
+    if name not in MODELS:
+        raise ProtoflError(f"unknown model {name!r}; allowed: {', '.join(MODELS)}")
+    module, func = MODELS[name][0].split(":")
+    fn = getattr(importlib.import_module(module), func)
+    if name == "resnet18":
+        return fn(in_shape, num_classes, cfg or ModelConfig())
+    return fn(in_shape, num_classes)

@@ -1,0 +1,87 @@
+"""``protofl compare``: final figures across run folders (mean ± std over seeds) and curves."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from protofl.engine import runfolder
+from protofl.errors import ProtoflError
+from protofl.report.plots import plot_groups
+
+COLUMNS = ("accuracy", "balanced_accuracy", "f1_weighted", "local_accuracy", "train_loss",
+           "dissimilarity", "amm", "seconds")
+
+
+def load_runs(folders: list[Path]) -> list[dict]:
+    runs = []
+    for f in folders:
+        f = Path(f)
+        path = f / runfolder.SUMMARY
+        if not path.exists():
+            raise ProtoflError(f"{f} has no {runfolder.SUMMARY}: not a finished run folder")
+        try:
+            summary = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            raise ProtoflError(f"{path} is not valid JSON") from None
+        cfg = runfolder.load_config_json(f)
+        runs.append({"folder": f, "summary": summary, "config": cfg,
+                     "rows": runfolder.read_metrics(f)})
+    return runs
+
+
+def label(run: dict) -> str:
+    """Runs that differ only in seed share a label: algorithm, plus its options if set."""
+    cfg = run["config"]
+    extra = ",".join(f"{k}={v}" for k, v in sorted(cfg.get("algo", {}).items()))
+    return run["summary"]["algorithm"] + (f"[{extra}]" if extra else "")
+
+
+def table(runs: list[dict]) -> tuple[str, dict]:
+    """A Markdown table per dataset (rows: algorithms) and the numbers behind it."""
+    by_ds: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        by_ds[r["summary"]["dataset"]][label(r)].append(r["summary"])
+    lines, data = [], {}
+    for ds, algs in by_ds.items():
+        cols = [c for c in COLUMNS if any(s.get(c) is not None for v in algs.values() for s in v)]
+        lines += [f"### {ds}", "", "| algorithm | seeds | " + " | ".join(cols) + " |",
+                  "|---|---|" + "---|" * len(cols)]
+        data[ds] = {}
+        for alg, sums in algs.items():
+            cells, stats = [], {}
+            for c in cols:
+                vals = np.array([s[c] for s in sums if s.get(c) is not None], dtype=float)
+                if len(vals):
+                    stats[c] = {"mean": float(vals.mean()), "std": float(vals.std())}
+                    fmt = ".1f" if c == "seconds" else ".4f"
+                    cells.append(f"{vals.mean():{fmt}} ± {vals.std():{fmt}}")
+                else:
+                    cells.append("–")
+            data[ds][alg] = {"seeds": len(sums), **stats}
+            lines.append(f"| {alg} | {len(sums)} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines), data
+
+
+def compare(folders: list[Path], out: Path | None = None) -> str:
+    """Write ``out`` (Markdown table), ``out``.json and one curves PNG per dataset."""
+    runs = load_runs(folders)
+    if not runs:
+        raise ProtoflError("compare needs at least one run folder")
+    text, data = table(runs)
+    if out is not None:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+        runfolder.write_json(out.with_suffix(".json"), data)
+        by_ds: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+        for r in runs:
+            by_ds[r["summary"]["dataset"]][label(r)].append(r["rows"])
+        for ds, groups in by_ds.items():
+            safe = "".join(ch if ch.isalnum() else "_" for ch in ds).strip("_")
+            plot_groups(groups, out.with_name(f"{out.stem}_{safe}.png"), ds)
+    return text

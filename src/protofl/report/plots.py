@@ -1,0 +1,100 @@
+"""Plots from run folders: per-run curves and confusion matrix, and the seed's Fig. 2 curves
+across algorithms (mean with a band of one standard deviation over seeds)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from protofl.engine import runfolder  # noqa: E402
+
+CURVES = (("accuracy", "test accuracy"), ("train_loss", "training loss"),
+          ("dissimilarity", "gradient dissimilarity"), ("amm", "aggregate mean margin"))
+
+
+def series(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    pts = [(r["round"], r[key]) for r in rows if r.get(key) is not None]
+    if not pts:
+        return np.array([]), np.array([])
+    r, v = zip(*pts)
+    return np.asarray(r), np.asarray(v, dtype=float)
+
+
+def plot_run(folder: Path) -> None:
+    """``curves.png`` (the four curves) and ``confusion.png`` for one run folder."""
+    folder = Path(folder)
+    rows = runfolder.read_metrics(folder)
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
+    for ax, (key, label) in zip(axes, CURVES):
+        x, y = series(rows, key)
+        ax.plot(x, y)
+        ax.set_title(label)
+        ax.set_xlabel("round")
+        if key == "dissimilarity" and len(y) and (y > 0).all():
+            ax.set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(folder / "curves.png", dpi=100)
+    plt.close(fig)
+    summary_path = folder / runfolder.SUMMARY
+    if summary_path.exists():
+        summary = json.loads(summary_path.read_text())
+        if summary.get("confusion"):
+            plot_confusion(np.asarray(summary["confusion"]), folder / "confusion.png",
+                           f"{summary.get('algorithm')} on {summary.get('dataset')}")
+
+
+def plot_confusion(m: np.ndarray, path: Path, title: str = "",
+                   names: list[str] | None = None) -> None:
+    """Row-normalised confusion matrix with counts in the cells."""
+    rows = m.sum(1, keepdims=True)
+    norm = np.divide(m, rows, out=np.zeros(m.shape, dtype=float), where=rows > 0)
+    size = max(4.0, 0.45 * len(m) + 2)
+    fig, ax = plt.subplots(figsize=(size, size))
+    ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
+    if len(m) <= 20:
+        for i in range(len(m)):
+            for j in range(len(m)):
+                ax.text(j, i, str(m[i, j]), ha="center", va="center", fontsize=7,
+                        color="white" if norm[i, j] > 0.5 else "black")
+    ticks = names or [str(i) for i in range(len(m))]
+    ax.set_xticks(range(len(m)), ticks, rotation=90)
+    ax.set_yticks(range(len(m)), ticks)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_groups(groups: dict[str, list[list[dict]]], path: Path, title: str = "") -> None:
+    """One line per group (e.g. an algorithm), mean over its runs, shaded ±1 std."""
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.4))
+    for ax, (key, label) in zip(axes, CURVES):
+        for name, runs in groups.items():
+            curves = [series(rows, key) for rows in runs]
+            curves = [c for c in curves if len(c[0])]
+            if not curves:
+                continue
+            n = min(len(c[0]) for c in curves)
+            x = curves[0][0][:n]
+            ys = np.stack([c[1][:n] for c in curves])
+            mean, std = ys.mean(0), ys.std(0)
+            ax.plot(x, mean, label=name)
+            ax.fill_between(x, mean - std, mean + std, alpha=0.2)
+        ax.set_title(label)
+        ax.set_xlabel("round")
+        if key == "dissimilarity":
+            ax.set_yscale("log")
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
