@@ -127,7 +127,8 @@ def _build(cls: type, raw: Any, where: str) -> Any:
     for key, value in raw.items():
         path = f"{where}.{key}" if where else str(key)
         if key not in fields:
-            raise ProtoflError(f"config: unknown key {path!r}; allowed: {', '.join(sorted(fields))}")
+            allowed = ", ".join(sorted(fields))
+            raise ProtoflError(f"config: unknown key {path!r}; allowed: {allowed}")
         kwargs[key] = _coerce(hints[key], value, path)
     return cls(**kwargs)
 

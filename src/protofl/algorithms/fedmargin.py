@@ -125,7 +125,8 @@ class FedMargin(Algorithm):
             a = torch.full_like(n, 1.0 / len(n))
         else:
             a = attention(lpm, apm, self.opts)
-        return a, {"lpm": lpm.tolist(), "apm": apm.tolist(), "fedavg_weights": (n / n.sum()).tolist()}
+        return a, {"lpm": lpm.tolist(), "apm": apm.tolist(),
+                   "fedavg_weights": (n / n.sum()).tolist()}
 
     def aggregate(self, state, uploads):
         new, diag = super().aggregate(state, uploads)

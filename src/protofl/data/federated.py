@@ -114,7 +114,10 @@ def from_client_lists(
         if len(y) > 1:
             n_test = min(max(n_test, 1 if local_test_fraction > 0 else 0), len(y) - 1)
         te, tr = perm[:n_test], perm[n_test:]
-        tr_x.append(x[tr]); tr_y.append(y[tr]); te_x.append(x[te]); te_y.append(y[te])
+        tr_x.append(x[tr])
+        tr_y.append(y[tr])
+        te_x.append(x[te])
+        te_y.append(y[te])
     train_offsets = np.concatenate([[0], np.cumsum([len(y) for y in tr_y])])
     test_offsets = np.concatenate([[0], np.cumsum([len(y) for y in te_y])])
     x_local_test, y_local_test = torch.cat(te_x), torch.cat(te_y)

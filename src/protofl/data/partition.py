@@ -104,7 +104,7 @@ def dirichlet_powerlaw(y: np.ndarray, num_clients: int, alpha: float, gamma: flo
 
 def partition(y: np.ndarray, scheme: str, num_clients: int, seed: int, *, alpha: float = 0.5,
               gamma: float = 3.0, classes: int = 2, min_size: int = 2) -> list[np.ndarray]:
-    """Dispatch by name: ``iid``, ``classes`` (k per client), ``dirichlet``, ``dirichlet_powerlaw``."""
+    """Dispatch by name: iid, classes (k per client), dirichlet, dirichlet_powerlaw."""
     if num_clients < 1 or num_clients > len(y):
         raise ProtoflError(f"num_clients must be in 1..{len(y)} for this pool, got {num_clients}")
     rng = np.random.default_rng(seed)

@@ -15,7 +15,8 @@ import torch
 
 from protofl.errors import ProtoflError
 
-CONFIG, METRICS, SUMMARY, CHECKPOINT = "config.json", "metrics.jsonl", "summary.json", "checkpoint.pt"
+CONFIG, METRICS, SUMMARY = "config.json", "metrics.jsonl", "summary.json"
+CHECKPOINT = "checkpoint.pt"
 
 
 def _clean(obj: Any) -> Any:
