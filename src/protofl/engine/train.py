@@ -76,30 +76,34 @@ def finish_client(alg: Algorithm, model: ProtoNet, glob: Tensors, work: ClientWo
     return ClientResult(work.job.client, upload, state, loss)
 
 
+def train_client(alg: Algorithm, model: ProtoNet, glob: Tensors, job: Job, data: FederatedData,
+                 client_state: Tensors, s: LocalSetup, rnd: int) -> ClientResult:
+    """One client's round with an ordinary optimizer loop over the algorithm's functional loss
+    (the reference path; the Flower ClientApp calls this too)."""
+    model.eval()
+    work = prepare_client(alg, model, glob, job, data, client_state, s, rnd)
+    start = alg.local_start(glob, client_state)
+    params = {k: v.clone().requires_grad_(True) for k, v in start["params"].items()}
+    buffers = {k: v.clone() for k, v in start["buffers"].items()}
+    opt = make_optimizer(list(params.values()), s)
+    model.train()
+    total = 0.0
+    for idx in work.batches:
+        xb, yb = work.x[idx], work.y[idx]
+        xb = alg.augment(xb, yb, work.augment_gen)
+        loss = alg.loss(model, params, buffers, xb, yb, torch.ones(len(yb), dtype=xb.dtype),
+                        work.ctx)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        total += loss.item()
+    return finish_client(alg, model, glob, work, params, buffers, client_state,
+                         total / max(len(work.batches), 1))
+
+
 def train_sequential(alg: Algorithm, model: ProtoNet, glob: Tensors, jobs: list[Job],
                      data: FederatedData, client_states: dict[int, Tensors], s: LocalSetup,
                      rnd: int) -> list[ClientResult]:
-    """Train each job with an ordinary optimizer loop over the algorithm's functional loss."""
-    results = []
-    for job in jobs:
-        cstate = client_states.get(job.client, {})
-        model.eval()
-        work = prepare_client(alg, model, glob, job, data, cstate, s, rnd)
-        start = alg.local_start(glob, cstate)
-        params = {k: v.clone().requires_grad_(True) for k, v in start["params"].items()}
-        buffers = {k: v.clone() for k, v in start["buffers"].items()}
-        opt = make_optimizer(list(params.values()), s)
-        model.train()
-        total = 0.0
-        for idx in work.batches:
-            xb, yb = work.x[idx], work.y[idx]
-            xb = alg.augment(xb, yb, work.augment_gen)
-            loss = alg.loss(model, params, buffers, xb, yb, torch.ones(len(yb), dtype=xb.dtype),
-                            work.ctx)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += loss.item()
-        results.append(finish_client(alg, model, glob, work, params, buffers, cstate,
-                                     total / max(len(work.batches), 1)))
-    return results
+    """Train the round's jobs one after another."""
+    return [train_client(alg, model, glob, job, data, client_states.get(job.client, {}), s, rnd)
+            for job in jobs]
