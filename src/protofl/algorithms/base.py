@@ -6,8 +6,8 @@ apps, call the same four functions::
     glob  = alg.broadcast(state)                                   # server -> client
     ctx   = alg.client_begin(model, glob, client_state, x, y)      # before local training
     loss  = alg.loss(model, params, buffers, x, y, w, ctx)         # functional, vmap-able
-    up, client_state = alg.client_end(model, trained, glob, ctx, client_state, x, y)
-    state, diag = alg.aggregate(state, uploads, sizes)             # client -> server
+    up, client_state = alg.client_end(model, params, buffers, glob, ctx, client_state, x, y)
+    state, diag = alg.aggregate(state, uploads)                    # client -> server
 
 ``params``/``buffers`` are name -> tensor dicts of the model; ``w`` weights each sample (1 for
 real rows, 0 for padding), so a loss is a weighted mean and padded batches change nothing.
