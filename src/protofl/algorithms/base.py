@@ -94,6 +94,12 @@ class Algorithm:
     def check_options(self) -> None:
         """Range checks of ``self.opts``; raise ProtoflError naming the option."""
 
+    def wrap_model(self, model: ProtoNet) -> ProtoNet:
+        """The model the algorithm trains, built from the plain one before ``init_state``
+        (default: unchanged; MOON adds a projection head). Overrides also set ``self.model``;
+        the engine and the Flower apps call it once, right after building the model."""
+        return model
+
     # ---- server side ----
     def init_state(self, model: ProtoNet) -> Tensors:
         params, buffers = split_state(model)
