@@ -1,0 +1,228 @@
+"""Local training of a round's active clients together: one ``torch.func.vmap`` over stacked
+per-client weights instead of a Python loop over clients.
+
+It gives the result of ``train.train_sequential`` (same batches, contexts, augmentation
+generators, optimizer arithmetic): every client still goes through ``prepare_client`` and
+``finish_client``; only the step loop differs. At step ``t`` the clients are sorted by their
+number of steps (most first), so those that still have a step form a prefix ``[:n_t]`` of the
+stack: the others (stragglers, small clients) are left out of the step, their weights and
+optimizer state untouched. Batches of unequal size are padded by repeating a real row with
+weight ``w = 0`` (losses are weighted means, so padding changes nothing). Clients are trained in
+chunks whose estimated memory fits a budget; only active clients are ever stacked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+from torch.func import grad_and_value, vmap
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from protofl.algorithms.base import Algorithm, Tensors
+from protofl.data.federated import FederatedData
+from protofl.engine import optim
+from protofl.engine.schedule import Job
+from protofl.engine.train import (
+    ClientResult,
+    ClientWork,
+    LocalSetup,
+    finish_client,
+    prepare_client,
+    train_sequential,
+)
+from protofl.models.nets import ProtoNet
+
+log = logging.getLogger("protofl")
+
+BUDGET_ENV = "PROTOFL_VECTORIZED_BUDGET_MB"
+DEFAULT_BUDGET = 1 << 30  # bytes of stacked weights, optimizer state and activations per chunk
+_logged: set[str] = set()
+
+
+def vectorize_reason(alg: Algorithm, model: ProtoNet) -> str | None:
+    """None when ``alg`` on ``model`` can be trained vectorized; else why not (one line)."""
+    if not getattr(alg, "vectorizable", True):
+        return f"{alg.name}'s loss is not vmap-safe (vectorizable = False)"
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.modules.batchnorm._NormBase):
+            return (f"model has {type(m).__name__} ({name}), whose training-mode batch "
+                    "statistics and running buffers cannot be vectorized over clients")
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            return (f"model has {type(m).__name__} ({name}), whose random masks would differ "
+                    "from the sequential trainer's")
+    return None
+
+
+def _log_once(message: str) -> None:
+    if message not in _logged:
+        _logged.add(message)
+        log.info(message)
+
+
+def memory_budget() -> int:
+    """Bytes a chunk may use: ``$PROTOFL_VECTORIZED_BUDGET_MB`` or 1 GiB."""
+    mb = os.environ.get(BUDGET_ENV)
+    return int(float(mb) * (1 << 20)) if mb else DEFAULT_BUDGET
+
+
+def activation_bytes(model: ProtoNet, params: Tensors, buffers: Tensors,
+                     x: torch.Tensor) -> int:
+    """Bytes of every module output for one sample (an estimate of what backward keeps)."""
+    total = 0
+
+    def hook(_m, _inp, out):
+        nonlocal total
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    try:
+        with torch.no_grad():
+            torch.func.functional_call(model, {**params, **buffers}, (x[:1],), strict=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return total
+
+
+def chunk_size(model: ProtoNet, start: Tensors, x: torch.Tensor, batch: int, s: LocalSetup,
+               budget: int) -> int:
+    """How many clients fit ``budget``: per client, weights + gradients + optimizer state +
+    temporaries (about 6 copies of the weights) and three times a batch's activations."""
+    pbytes = sum(p.numel() * p.element_size() for p in start["params"].values())
+    abytes = activation_bytes(model, start["params"], start["buffers"], x) * batch
+    return max(1, budget // max(6 * pbytes + 3 * abytes, 1))
+
+
+def _stack_tree(trees: list[Any]) -> tuple[Any, Any]:
+    """Stack same-structured pytrees leaf by leaf; a leaf that is the very same object (or an
+    equal non-tensor) in every tree is shared (``in_dims`` None) instead of copied.
+    Returns ``(stacked tree, in_dims tree)``; raises ValueError if the trees disagree."""
+    flats = [tree_flatten(t) for t in trees]
+    spec = flats[0][1]
+    if any(f[1] != spec for f in flats):
+        raise ValueError("client contexts differ in structure")
+    leaves, dims = [], []
+    for i, first in enumerate(flats[0][0]):
+        column = [f[0][i] for f in flats]
+        if all(c is first for c in column) or not isinstance(first, torch.Tensor):
+            if not all(c is first or c == first for c in column):
+                raise ValueError("client contexts hold unequal non-tensor values")
+            leaves.append(first)
+            dims.append(None)
+        else:
+            if any(c.shape != first.shape for c in column):
+                raise ValueError("client context tensors differ in shape")
+            leaves.append(torch.stack(column))
+            dims.append(0)
+    return tree_unflatten(leaves, spec), tree_unflatten(dims, spec)
+
+
+def _slice_tree(tree: Any, dims: Any, n: int) -> Any:
+    """The first ``n`` clients of a stacked tree (views; shared leaves unchanged)."""
+    leaves, spec = tree_flatten(tree)
+    dleaves = tree_flatten(dims)[0] if leaves else []
+    return tree_unflatten([v[:n] if d == 0 else v for v, d in zip(leaves, dleaves)], spec)
+
+
+def _row_index(works: list[ClientWork], offsets: list[int], steps: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global row of every (client, step, slot) and each batch's true size; padding slots
+    repeat the batch's first row (weight 0), missing steps point at the client's first row."""
+    bmax = max(len(b) for w in works for b in w.batches)
+    rows = torch.empty(len(works), steps, bmax, dtype=torch.long)
+    sizes = torch.zeros(len(works), steps, dtype=torch.long)
+    for i, (w, off) in enumerate(zip(works, offsets)):
+        rows[i] = off
+        for t, idx in enumerate(w.batches):
+            rows[i, t, :len(idx)] = idx + off
+            rows[i, t, len(idx):] = idx[0] + off
+            sizes[i, t] = len(idx)
+    return rows, sizes
+
+
+def _train_chunk(alg: Algorithm, model: ProtoNet, works: list[ClientWork], starts: list[Tensors],
+                 data: FederatedData, s: LocalSetup) -> tuple[list[Tensors], list[Tensors],
+                                                              list[float]]:
+    """Train the clients of ``works`` (sorted by steps, most first) together."""
+    n_steps = [len(w.batches) for w in works]
+    steps = n_steps[0]
+    params = {k: torch.stack([st["params"][k] for st in starts]).detach().clone()
+              for k in starts[0]["params"]}
+    buffers, bdims = _stack_tree([st["buffers"] for st in starts])
+    ctx, cdims = _stack_tree([w.ctx for w in works])
+    opt = optim.init_state(params, s)
+    offsets = [int(data.train_offsets[w.job.client]) for w in works]
+    rows, sizes = _row_index(works, offsets, steps)
+    custom_augment = type(alg).augment is not Algorithm.augment
+    losses = torch.zeros(len(works), dtype=torch.float64)
+
+    def client_loss(p, b, x, y, w, c):
+        return alg.loss(model, p, b, x, y, w, c)
+
+    # in_dims must mirror each argument's structure (vmap needs a prefix tree of the inputs).
+    in_dims = ({k: 0 for k in params}, bdims, 0, 0, 0, cdims)
+    step_fn = vmap(grad_and_value(client_loss), in_dims=in_dims)
+    model.train()
+    for t in range(steps):
+        n = sum(1 for m in n_steps if m > t)  # clients with a step t: a prefix
+        b = int(sizes[:n, t].max())
+        r = rows[:n, t, :b]
+        x, y = data.x_train[r], data.y_train[r]
+        if custom_augment:
+            x = x.clone()
+            for i in range(n):
+                m = int(sizes[i, t])
+                x[i, :m] = alg.augment(x[i, :m], y[i, :m], works[i].augment_gen)
+        w = (torch.arange(b) < sizes[:n, t, None]).to(x.dtype)
+        p_n = {k: v[:n] for k, v in params.items()}
+        grads, value = step_fn(p_n, _slice_tree(buffers, bdims, n), x, y, w,
+                               _slice_tree(ctx, cdims, n))
+        optim.step_(p_n, grads, {k: v[:n] for k, v in opt.items()}, s)
+        losses[:n] += value.detach().to(torch.float64)
+    out_p = [{k: v[i].clone() for k, v in params.items()} for i in range(len(works))]
+    bl, bspec = tree_flatten(buffers)
+    bd = tree_flatten(bdims)[0] if bl else []
+    out_b = [tree_unflatten([v[i].clone() if d == 0 else v.clone() for v, d in zip(bl, bd)],
+                            bspec) for i in range(len(works))]
+    return out_p, out_b, [float(losses[i]) / max(n_steps[i], 1) for i in range(len(works))]
+
+
+def train_vectorized(alg: Algorithm, model: ProtoNet, glob: Tensors, jobs: list[Job],
+                     data: FederatedData, client_states: dict[int, Tensors], s: LocalSetup,
+                     rnd: int, budget: int | None = None) -> list[ClientResult]:
+    """Train the round's jobs together; the same results as ``train_sequential``. Falls back
+    to it (logging why, once) when the model or the algorithm cannot be vectorized."""
+    reason = vectorize_reason(alg, model)
+    if reason is None and not jobs:
+        return []
+    if reason is None:
+        model.eval()
+        states = [client_states.get(j.client, {}) for j in jobs]
+        works = [prepare_client(alg, model, glob, j, data, st, s, rnd)
+                 for j, st in zip(jobs, states)]
+        starts = [alg.local_start(glob, st) for st in states]
+        try:
+            _stack_tree([w.ctx for w in works])
+        except ValueError as e:
+            reason = f"{alg.name}: {e}"
+    if reason is not None:
+        _log_once(f"training sequentially: {reason}")
+        return train_sequential(alg, model, glob, jobs, data, client_states, s, rnd)
+    order = sorted(range(len(jobs)), key=lambda i: -len(works[i].batches))
+    bmax = max(len(b) for w in works for b in w.batches)
+    size = chunk_size(model, starts[0], data.x_train, bmax, s,
+                      memory_budget() if budget is None else budget)
+    results: list[ClientResult | None] = [None] * len(jobs)
+    for c in range(0, len(order), size):
+        chunk = order[c:c + size]
+        out_p, out_b, losses = _train_chunk(alg, model, [works[i] for i in chunk],
+                                            [starts[i] for i in chunk], data, s)
+        for j, i in enumerate(chunk):
+            results[i] = finish_client(alg, model, glob, works[i], out_p[j], out_b[j],
+                                       states[i], losses[j])
+    return results  # type: ignore[return-value]

@@ -1,0 +1,182 @@
+"""The vectorized trainer gives the sequential trainer's results; its optimizers match
+torch.optim; models it cannot vectorize fall back to the sequential path."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from protofl.algorithms.base import flatten
+from protofl.algorithms.registry import ALGORITHMS, make_algorithm
+from protofl.data.federated import from_client_lists
+from protofl.engine import optim, vectorized
+from protofl.engine.experiment import select_trainer
+from protofl.engine.schedule import Job
+from protofl.engine.train import LocalSetup, train_sequential
+from protofl.models.nets import Mlp, ProtoNet
+
+C = 3
+
+
+@pytest.fixture
+def float64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def federation(sizes=(13, 3, 9, 22)):
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(n, 5, generator=g) for n in sizes]
+    ys = [torch.arange(n) % C for n in sizes]
+    return from_client_lists("toy", C, xs, ys, local_test_fraction=0.0)
+
+
+def assert_same(a: dict, b: dict, tol: float = 1e-9) -> None:
+    fa, fb = flatten(a), flatten(b)
+    assert fa.keys() == fb.keys()
+    for k in fa:
+        va, vb = fa[k], fb[k]
+        if isinstance(va, torch.Tensor):
+            assert va.shape == vb.shape, k
+            if va.is_floating_point():
+                assert torch.allclose(va, vb, atol=tol, rtol=0, equal_nan=True), (
+                    k, (va - vb).abs().max())
+            else:
+                assert torch.equal(va, vb), k
+        else:
+            assert va == vb, k
+
+
+def assert_results_equal(seq, vec):
+    assert [r.client for r in seq] == [r.client for r in vec]
+    for r, v in zip(seq, vec):
+        assert_same(r.upload, v.upload)
+        assert_same(r.state, v.state)
+        assert abs(r.loss - v.loss) < 1e-9
+
+
+SETUPS = {
+    "sgd-momentum-steps": LocalSetup(4, True, "sgd", 0.1, 0.9, 1e-3, seed=1),
+    "adam-epochs": LocalSetup(5, False, "adam", 0.01, 0.0, 1e-2, seed=2),
+}
+
+
+@pytest.mark.parametrize("setup", list(SETUPS), ids=list(SETUPS))
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_one_round_equals_sequential(float64, monkeypatch, name, setup):
+    s = SETUPS[setup]
+    monkeypatch.setattr(vectorized, "train_sequential", None)  # no silent fallback
+    data = federation()
+    torch.manual_seed(0)
+    model = Mlp(5, C, hidden=(8, 6))
+    alg = make_algorithm(name, {}, model, C)
+    reason = vectorized.vectorize_reason(alg, model)
+    if reason is not None:  # say why, never skip silently
+        assert isinstance(reason, str) and reason
+        return
+    state = alg.init_state(model)
+    client_states: dict = {}
+    # stragglers (client 2 does 1 step/epoch) and unequal sizes (client 1 < batch size)
+    jobs = [Job(0, 3), Job(1, 3), Job(2, 1, straggler=True), Job(3, 3)]
+    for rnd in (1, 2):  # round 2 starts from the client states round 1 left
+        glob = alg.broadcast(state)
+        seq = train_sequential(alg, model, glob, jobs, data, client_states, s, rnd)
+        vec = vectorized.train_vectorized(alg, model, glob, jobs, data, client_states, s, rnd)
+        assert_results_equal(seq, vec)
+        for r in seq:
+            if r.state:
+                client_states[r.client] = r.state
+        state, _ = alg.aggregate(state, [r.upload for r in seq])
+
+
+def test_chunks_give_the_same_result(float64):
+    s = SETUPS["sgd-momentum-steps"]
+    data = federation((7, 11, 4, 9, 3))
+    model = Mlp(5, C, hidden=(8, 6))
+    alg = make_algorithm("fedprox", {"mu": 0.5}, model, C)
+    glob = alg.broadcast(alg.init_state(model))
+    jobs = [Job(k, a) for k, a in enumerate((4, 2, 4, 1, 3))]
+    whole = vectorized.train_vectorized(alg, model, glob, jobs, data, {}, s, 1)
+    assert vectorized.chunk_size(model, glob, data.x_train, 4, s, 1) == 1
+    one_by_one = vectorized.train_vectorized(alg, model, glob, jobs, data, {}, s, 1, budget=1)
+    assert_results_equal(whole, one_by_one)
+
+
+@pytest.mark.parametrize("opt,momentum,wd", [("sgd", 0.0, 0.0), ("sgd", 0.9, 0.01),
+                                             ("adam", 0.0, 0.0), ("adam", 0.0, 0.1)])
+def test_optimizers_match_torch(float64, opt, momentum, wd):
+    s = LocalSetup(1, True, opt, 0.05, momentum, wd)
+    g = torch.Generator().manual_seed(3)
+    start = {"a": torch.randn(3, 4, 2, generator=g), "b": torch.randn(3, 5, generator=g)}
+    steps = [5, 3, 1]  # per client; a client without a step t must stay exactly unchanged
+    grads = [[{k: torch.randn(v.shape[1:], generator=g) for k, v in start.items()}
+              for _ in range(n)] for n in steps]
+    stacked = {k: v.clone() for k, v in start.items()}
+    state = optim.init_state(stacked, s)
+    for t in range(max(steps)):
+        n = sum(1 for m in steps if m > t)
+        before = {k: v[n:].clone() for k, v in stacked.items()}
+        optim.step_({k: v[:n] for k, v in stacked.items()},
+                    {k: torch.stack([grads[i][t][k] for i in range(n)]) for k in stacked},
+                    {k: v[:n] for k, v in state.items()}, s)
+        for k in stacked:
+            assert torch.equal(stacked[k][n:], before[k])
+    assert state["step"].tolist() == steps
+    for i, n in enumerate(steps):
+        ref = {k: v[i].clone().requires_grad_(True) for k, v in start.items()}
+        if opt == "adam":
+            o = torch.optim.Adam(list(ref.values()), lr=s.lr, weight_decay=wd)
+        else:
+            o = torch.optim.SGD(list(ref.values()), lr=s.lr, momentum=momentum, weight_decay=wd)
+        for t in range(n):
+            for k, p in ref.items():
+                p.grad = grads[i][t][k].clone()
+            o.step()
+        for k in ref:
+            assert torch.allclose(ref[k].detach(), stacked[k][i], atol=1e-12, rtol=0)
+
+
+class BnNet(ProtoNet):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(5, 6), nn.BatchNorm1d(6), nn.ReLU())
+        self.feature_dim = 6
+        self.classifier = nn.Linear(6, C)
+
+    def encode(self, x):
+        return self.body(x)
+
+
+def test_batchnorm_falls_back_and_logs_once(float64, caplog, monkeypatch):
+    monkeypatch.setattr(vectorized, "_logged", set())
+    data = federation()
+    model = BnNet()
+    alg = make_algorithm("fedavg", {}, model, C)
+    reason = vectorized.vectorize_reason(alg, model)
+    assert reason is not None and "BatchNorm1d" in reason
+    with caplog.at_level(logging.INFO, logger="protofl"):
+        trainer, name = select_trainer("vectorized", alg, model)
+    assert name == "sequential" and trainer is train_sequential
+    assert sum("BatchNorm1d" in r.getMessage() for r in caplog.records) == 1
+    caplog.clear()
+    s = SETUPS["sgd-momentum-steps"]
+    glob = alg.broadcast(alg.init_state(model))
+    jobs = [Job(0, 2), Job(3, 2)]
+    with caplog.at_level(logging.INFO, logger="protofl"):
+        vec = [vectorized.train_vectorized(alg, model, glob, jobs, data, {}, s, r)
+               for r in (1, 1)]
+    assert sum("BatchNorm1d" in r.getMessage() for r in caplog.records) == 1
+    assert_results_equal(train_sequential(alg, model, glob, jobs, data, {}, s, 1), vec[0])
+
+
+def test_not_vectorizable_algorithm_says_why():
+    model = Mlp(5, C, hidden=(8, 6))
+    alg = make_algorithm("fedavg", {}, model, C)
+    alg.vectorizable = False
+    assert "vectorizable = False" in vectorized.vectorize_reason(alg, model)
+    assert vectorized.vectorize_reason(make_algorithm("fedavg", {}, model, C), model) is None
