@@ -1,0 +1,127 @@
+"""MNIST from its four IDX files (plain or .gz), parsed and checked here.
+
+IDX: a 4-byte magic (two zero bytes, a type code, the number of dimensions), then one
+big-endian uint32 per dimension, then the values in row-major order.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from protofl.config import DataConfig
+from protofl.data.federated import FederatedData, from_partition
+from protofl.data.partition import partition
+from protofl.errors import ProtoflError
+
+# IDX type code -> numpy dtype (big-endian where it matters)
+IDX_TYPES = {0x08: np.dtype("u1"), 0x09: np.dtype("i1"), 0x0B: np.dtype(">i2"),
+             0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+DEFAULT_CLIENTS = 1000
+
+
+def read_idx(path: str | Path, ndim: int | None = None) -> np.ndarray:
+    """The array an IDX file holds (gzip-compressed if the name ends in .gz).
+
+    Raises ProtoflError naming the file on a wrong magic number, a different number of
+    dimensions than ``ndim``, or a size that disagrees with the header.
+    """
+    path = Path(path)
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except FileNotFoundError:
+        raise ProtoflError(f"IDX file {path} does not exist") from None
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise ProtoflError(f"IDX file {path} cannot be read: {e}") from None
+    if len(raw) < 4:
+        raise ProtoflError(f"IDX file {path} is truncated: {len(raw)} bytes, no header")
+    zero, code, dims = struct.unpack(">HBB", raw[:4])
+    if zero != 0 or code not in IDX_TYPES:
+        raise ProtoflError(f"IDX file {path} has a wrong magic number 0x{raw[:4].hex()}; "
+                           "expected 0x0000 then a type code (0x08 for unsigned bytes)")
+    if ndim is not None and dims != ndim:
+        raise ProtoflError(f"IDX file {path} has {dims} dimensions, expected {ndim} "
+                           f"(magic 0x{raw[:4].hex()})")
+    head = 4 + 4 * dims
+    if len(raw) < head:
+        raise ProtoflError(f"IDX file {path} is truncated inside its header")
+    shape = struct.unpack(f">{dims}I", raw[4:head])
+    dtype = IDX_TYPES[code]
+    want = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    have = len(raw) - head
+    if have != want:
+        what = "truncated" if have < want else "longer than its header says"
+        raise ProtoflError(f"IDX file {path} is {what}: header {shape} needs {want} bytes of "
+                           f"data, found {have}")
+    return np.frombuffer(raw, dtype=dtype, offset=head).reshape(shape)
+
+
+def find_idx(root: Path, stem: str) -> Path:
+    """``stem`` in ``root``, plain or .gz, also with '.' for the last '-' (a common variant)."""
+    alt = stem.replace("-idx", ".idx")  # train-images.idx3-ubyte style
+    names = [stem, stem + ".gz", alt, alt + ".gz"]
+    for name in names:
+        if (root / name).is_file():
+            return root / name
+    raise ProtoflError(f"MNIST file {stem}[.gz] not found in {root}; data.root must hold "
+                       f"{', '.join(FILES.values())} (plain or .gz)")
+
+
+def load_mnist(root: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(x_train, y_train, x_test, y_test): images uint8 (N, H, W), labels int64 in 0..9."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ProtoflError(f"MNIST folder {root} does not exist")
+    out = []
+    for split in ("train", "test"):
+        ipath, lpath = find_idx(root, FILES[f"{split}_images"]), find_idx(
+            root, FILES[f"{split}_labels"])
+        x, y = read_idx(ipath, ndim=3), read_idx(lpath, ndim=1)
+        for arr, p in ((x, ipath), (y, lpath)):
+            if arr.dtype != np.uint8:
+                raise ProtoflError(f"MNIST: {p} holds {arr.dtype} values, expected unsigned "
+                                   "bytes (magic 0x0803 / 0x0801)")
+        if len(x) != len(y):
+            raise ProtoflError(f"MNIST: {ipath.name} holds {len(x)} images but {lpath.name} "
+                               f"{len(y)} labels")
+        if len(y) and (y.min() < 0 or y.max() > 9):
+            raise ProtoflError(f"MNIST: {lpath.name} has labels outside 0..9")
+        out += [x, y.astype(np.int64)]
+    if out[0].shape[1:] != out[2].shape[1:]:
+        raise ProtoflError(f"MNIST: train images are {out[0].shape[1:]}, test images "
+                           f"{out[2].shape[1:]}")
+    return out[0], out[1], out[2], out[3]
+
+
+def mnist_federation(cfg: DataConfig) -> FederatedData:
+    """The seed's split: 1,000 clients (``num_clients``), ``classes_per_client`` = 2 digits
+    each, power-law sizes (``gamma``), a 90/10 split per client; global test = t10k.
+
+    ``partition`` may name another scheme; ``max_samples`` caps the training pool (a seeded
+    random subset).
+    """
+    x, y, x_test, y_test = load_mnist(cfg.root)
+    if cfg.max_samples is not None and cfg.max_samples < len(y):
+        keep = np.sort(np.random.default_rng(cfg.seed).permutation(len(y))[:cfg.max_samples])
+        x, y = x[keep], y[keep]
+    k = cfg.num_clients or DEFAULT_CLIENTS
+    parts = partition(y, cfg.partition or "classes", k, cfg.seed, alpha=cfg.alpha,
+                      gamma=cfg.gamma, classes=cfg.classes_per_client,
+                      min_size=max(2, min(10, len(y) // max(k, 1))))
+    return from_partition("mnist", 10, _images(x), torch.from_numpy(y), parts,
+                          _images(x_test), torch.from_numpy(y_test), cfg.local_test_fraction,
+                          cfg.seed)
+
+
+def _images(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(x.astype(np.float32) / 255.0)[:, None]
