@@ -34,7 +34,7 @@ def minmax(p: torch.Tensor, present: torch.Tensor, mode: str = "class",
     else:
         raise ValueError(f"unknown normalisation {mode!r}")
     out = (p - lo) / (hi - lo + eps)
-    return out * present.unsqueeze(1).to(p.dtype)
+    return torch.where(present.unsqueeze(1), out, torch.zeros_like(out))
 
 
 def pairwise_distance(a: torch.Tensor, b: torch.Tensor, metric: str = "euclidean"

@@ -178,6 +178,9 @@ class Experiment:
             bar = tqdm(total=cfg.rounds, initial=self.round, unit="round", leave=False,
                        desc=f"{self.alg.name} {self.data.name} seed {cfg.seed}")
         last: dict = {}
+        if out is not None and (out / runfolder.METRICS).exists():
+            done = runfolder.read_metrics(out)
+            last = done[-1] if done else {}
         for _ in rounds:
             record = self.step()
             if "accuracy" in record:

@@ -1,0 +1,68 @@
+import numpy as np
+import torch
+
+from protofl.algorithms.base import weighted_average
+from protofl.algorithms.fedavg import attentive_update, proximal_term
+from protofl.algorithms.registry import make_algorithm
+from protofl.models.nets import Mlp
+
+
+def _up(params, n):
+    return {"params": params, "buffers": {},
+            "num_samples": torch.tensor(float(n), dtype=torch.float64)}
+
+
+def test_fedavg_weights_by_samples():
+    model = Mlp(3, 2, hidden=(2,))
+    alg = make_algorithm("fedavg", {}, model, 2)
+    state = alg.init_state(model)
+    a = {k: torch.ones_like(v) for k, v in state["params"].items()}
+    b = {k: 5 * torch.ones_like(v) for k, v in state["params"].items()}
+    new, diag = alg.aggregate(state, [_up(a, 30), _up(b, 10)])
+    assert diag["weights"] == [0.75, 0.25]
+    for v in new["params"].values():
+        assert torch.allclose(v, torch.full_like(v, 2.0))  # .75 * 1 + .25 * 5
+
+
+def test_weighted_average_keeps_integer_buffers():
+    t = [{"w": torch.tensor([1.0]), "n": torch.tensor(3)},
+         {"w": torch.tensor([3.0]), "n": torch.tensor(7)}]
+    out = weighted_average(t, torch.tensor([0.5, 0.5]))
+    assert out["w"].item() == 2.0 and out["n"].item() == 3
+
+
+def test_proximal_term_and_its_gradient():
+    w = {"a": torch.tensor([1.0, 2.0], requires_grad=True)}
+    anchor = {"a": torch.tensor([0.0, 4.0])}
+    term = proximal_term(w, anchor)
+    assert term.item() == 5.0  # 1 + 4
+    (0.5 * 0.1 * term).backward()
+    assert torch.allclose(w["a"].grad, 0.1 * torch.tensor([1.0, -2.0]))  # mu (W - W^t)
+
+
+def test_fedprox_loss_adds_the_term():
+    torch.manual_seed(0)
+    model = Mlp(3, 2, hidden=(4,))
+    prox = make_algorithm("fedprox", {"mu": 0.5}, model, 2)
+    avg = make_algorithm("fedavg", {}, model, 2)
+    state = prox.init_state(model)
+    moved = {k: v + 0.1 for k, v in state["params"].items()}
+    x, y = torch.randn(5, 3), torch.tensor([0, 1, 0, 1, 1])
+    w = torch.ones(5)
+    ctx = prox.client_begin(model, prox.broadcast(state), {}, x, y)
+    diff = prox.loss(model, moved, {}, x, y, w, ctx) - avg.loss(model, moved, {}, x, y, w, {})
+    n = sum(v.numel() for v in moved.values())
+    assert abs(diff.item() - 0.25 * n * 0.01) < 1e-5
+
+
+def test_fedatt_against_numpy():
+    rng = np.random.default_rng(0)
+    g = {"w": rng.normal(size=(2, 3)), "b": rng.normal(size=3)}
+    locs = [{k: v + rng.normal(size=v.shape) for k, v in g.items()} for _ in range(3)]
+    out = attentive_update({k: torch.tensor(v) for k, v in g.items()},
+                           [{k: torch.tensor(v) for k, v in lo.items()} for lo in locs], 1.2)
+    for k in g:
+        s = np.array([np.linalg.norm((g[k] - lo[k]).ravel()) for lo in locs])
+        alpha = np.exp(s) / np.exp(s).sum()
+        want = g[k] - 1.2 * sum(a * (g[k] - lo[k]) for a, lo in zip(alpha, locs))
+        assert np.allclose(out[k].numpy(), want)

@@ -1,0 +1,121 @@
+import json
+
+import pytest
+
+from protofl.cli import main
+from protofl.config import config_from_dict
+from protofl.engine import experiment
+from protofl.engine.experiment import resume_experiment, run_experiment
+from protofl.engine.runfolder import read_metrics
+
+TINY = ["--rounds", "3", "--set", "clients.per_round=3", "--set", "data.num_clients=6",
+        "--set", "clients.local_steps=2", "--set", "metrics.dissimilarity_clients=3"]
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+
+def test_run_writes_a_run_folder(tmp_path):
+    out = tmp_path / "run"
+    assert main(["run", "-q", "--out", str(out), *TINY]) == 0
+    for name in ("config.json", "metrics.jsonl", "summary.json", "checkpoint.pt",
+                 "curves.png", "confusion.png"):
+        assert (out / name).exists(), name
+    rows = read_metrics(out)
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    for key in ("accuracy", "loss", "seconds", "weights", "amm", "local_accuracy",
+                "train_loss", "dissimilarity"):
+        assert key in rows[-1]
+    assert json.loads((out / "config.json").read_text())["algorithm"] == "fedmargin"
+
+
+def test_same_seed_same_numbers(tmp_path):
+    for name in ("a", "b"):
+        assert main(["run", "-q", "--out", str(tmp_path / name), "--dataset", "digits",
+                     "--algorithm", "fedprox", "--seed", "4", *TINY]) == 0
+    assert _strip(read_metrics(tmp_path / "a")) == _strip(read_metrics(tmp_path / "b"))
+    assert main(["run", "-q", "--out", str(tmp_path / "c"), "--dataset", "digits",
+                 "--algorithm", "fedprox", "--seed", "5", *TINY]) == 0
+    assert _strip(read_metrics(tmp_path / "a")) != _strip(read_metrics(tmp_path / "c"))
+
+
+def test_resume_equals_uninterrupted(tmp_path, monkeypatch):
+    raw = {"rounds": 5, "checkpoint_every": 2, "seed": 1,
+           "data": {"num_clients": 6}, "clients": {"per_round": 3, "local_steps": 3,
+                                                   "stragglers": 0.4},
+           "metrics": {"dissimilarity_clients": 2}}
+    run_experiment(config_from_dict(raw), tmp_path / "full")
+
+    real_step = experiment.Experiment.step
+
+    def dying_step(self):
+        if self.round == 3:  # killed during round 4, after the round-2 checkpoint
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(experiment.Experiment, "step", dying_step)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(config_from_dict(raw), tmp_path / "killed")
+    monkeypatch.setattr(experiment.Experiment, "step", real_step)
+    assert [r["round"] for r in read_metrics(tmp_path / "killed")] == [1, 2, 3]
+    resume_experiment(tmp_path / "killed")
+    assert _strip(read_metrics(tmp_path / "killed")) == _strip(read_metrics(tmp_path / "full"))
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["run", "--algorithm", "nope"], "unknown algorithm 'nope'"),
+    (["run", "--dataset", "nope"], "unknown dataset 'nope'"),
+    (["run", "--rounds", "-2"], "rounds"),
+    (["run", "--set", "clients.per_round=99"], "per_round = 99 exceeds"),
+    (["run", "--set", "clients.stragglers=1.5"], "clients.stragglers"),
+    (["run", "--set", "bogus.key=1"], "unknown key 'bogus'"),
+    (["run", "--dataset", "mnist"], "data.root"),
+    (["run", "missing.yaml"], "missing.yaml"),
+    (["run", "--resume", "/nonexistent/run"], "config.json"),
+    (["compare", "/nonexistent"], "not a run folder"),
+    (["suite", "nope"], "unknown suite"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, needle, capsys, tmp_path):
+    assert main([*args, "--out", str(tmp_path / "o")] if args[0] == "run" and
+                "--resume" not in args else args) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_existing_run_is_not_overwritten(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "-q", "--out", str(out), *TINY]) == 0
+    before = (out / "metrics.jsonl").read_text()
+    assert main(["run", "-q", "--out", str(out), *TINY, "--seed", "9"]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert (out / "metrics.jsonl").read_text() == before
+
+
+def test_compare_table_and_curves(tmp_path, capsys):
+    for alg in ("fedavg", "fedatt"):
+        for seed in (0, 1):
+            assert main(["run", "-q", "--out", str(tmp_path / "runs" / f"{alg}{seed}"),
+                         "--algorithm", alg, "--seed", str(seed), *TINY]) == 0
+    assert main(["compare", str(tmp_path / "runs"), "--out", str(tmp_path / "t.md")]) == 0
+    text = (tmp_path / "t.md").read_text()
+    assert "| fedavg | 2 |" in text and "| fedatt | 2 |" in text and "±" in text
+    assert list(tmp_path.glob("t_*.png"))
+
+
+def test_listings(capsys):
+    assert main(["algorithms"]) == 0
+    out = capsys.readouterr().out
+    assert "fedmargin" in out and "pgfl" in out and "Tan et al." in out
+    assert main(["datasets"]) == 0
+    assert "synthetic" in capsys.readouterr().out
+    assert main(["suites"]) == 0
+
+
+def test_stats_command(tmp_path, capsys):
+    assert main(["stats", "--dataset", "digits", "--set", "data.partition=classes",
+                 "--set", "data.num_clients=20", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "20 clients" in out and "clients holding n classes: 2: 20" in out
+    assert (tmp_path / "stats.png").exists()

@@ -1,0 +1,51 @@
+import pytest
+
+from protofl.config import apply_set, config_from_dict, load_raw
+from protofl.errors import ProtoflError
+
+
+def test_defaults_and_nested_values():
+    cfg = config_from_dict({"rounds": 3, "clients": {"lr": 1}, "algo": {"mu": 0.1}})
+    assert cfg.rounds == 3 and cfg.clients.lr == 1.0 and cfg.algo == {"mu": 0.1}
+    assert cfg.algorithm == "fedmargin" and cfg.data.name == "synthetic"
+
+
+@pytest.mark.parametrize("raw, needle", [
+    ({"roundz": 3}, "unknown key 'roundz'"),
+    ({"clients": {"lrr": 1}}, "unknown key 'clients.lrr'"),
+    ({"rounds": -1}, "rounds"),
+    ({"clients": {"stragglers": 1.0}}, "clients.stragglers"),
+    ({"clients": {"per_round": 0}}, "clients.per_round"),
+    ({"clients": {"lr": "fast"}}, "clients.lr"),
+    ({"rounds": 2.5}, "rounds"),
+    ({"trainer": "gpu"}, "trainer"),
+    ({"data": 3}, "data must be a mapping"),
+])
+def test_bad_values_name_the_key(raw, needle):
+    with pytest.raises(ProtoflError, match=needle.replace(".", r"\.").replace("(", r"\(")):
+        config_from_dict(raw)
+
+
+def test_apply_set_parses_yaml_values():
+    raw = {}
+    apply_set(raw, "clients.lr=0.05")
+    apply_set(raw, "clients.tolerate_partial=false")
+    apply_set(raw, "algo.weights=fair")
+    cfg = config_from_dict(raw)
+    assert cfg.clients.lr == 0.05 and cfg.clients.tolerate_partial is False
+    assert cfg.algo["weights"] == "fair"
+    with pytest.raises(ProtoflError, match="KEY=VALUE"):
+        apply_set(raw, "novalue")
+
+
+def test_load_raw_errors(tmp_path):
+    with pytest.raises(ProtoflError, match="config file"):
+        load_raw(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rounds: [1, 2\n")
+    with pytest.raises(ProtoflError, match="not valid YAML"):
+        load_raw(bad)
+    top = tmp_path / "list.yaml"
+    top.write_text("- 1\n")
+    with pytest.raises(ProtoflError, match="mapping"):
+        load_raw(top)

@@ -1,0 +1,49 @@
+import numpy as np
+import torch
+
+from protofl.engine.schedule import assign_work, local_batches, np_rng, sample_clients
+
+
+def test_weighted_sampling_frequencies():
+    sizes = np.array([10, 20, 30, 40])
+    counts = np.zeros(4)
+    for t in range(20000):
+        counts[sample_clients(sizes, 1, "weighted", np_rng(0, 0, t))] += 1
+    assert np.allclose(counts / counts.sum(), sizes / sizes.sum(), atol=0.01)
+    counts[:] = 0
+    for t in range(20000):
+        counts[sample_clients(sizes, 1, "uniform", np_rng(0, 0, t))] += 1
+    assert np.allclose(counts / counts.sum(), 0.25, atol=0.01)
+
+
+def test_sampling_without_replacement():
+    picked = sample_clients(np.arange(1, 11), 10, "weighted", np_rng(1))
+    assert sorted(picked.tolist()) == list(range(10))
+
+
+def test_stragglers_partial_work_or_dropped():
+    active = np.arange(10)
+    jobs = assign_work(active, 20, 0.5, True, np_rng(3))
+    slow = [j for j in jobs if j.straggler]
+    assert len(jobs) == 10 and len(slow) == 5
+    assert all(1 <= j.amount <= 19 for j in slow)
+    assert all(j.amount == 20 for j in jobs if not j.straggler)
+    dropped = assign_work(active, 20, 0.5, False, np_rng(3))
+    assert len(dropped) == 5 and not any(j.straggler for j in dropped)
+    # the straggler epochs are uniform on 1..E-1
+    amounts = [j.amount for t in range(3000)
+               for j in assign_work(active, 4, 0.5, True, np_rng(9, t)) if j.straggler]
+    freq = np.bincount(amounts, minlength=4)[1:] / len(amounts)
+    assert np.allclose(freq, 1 / 3, atol=0.02)
+
+
+def test_local_batches_epochs_and_steps():
+    y = torch.arange(25)
+    order = lambda y, g: torch.randperm(len(y), generator=g)  # noqa: E731
+    b = local_batches(order, y, 2, 10, False, torch.Generator().manual_seed(0))
+    assert [len(i) for i in b] == [10, 10, 5, 10, 10, 5]
+    assert sorted(torch.cat(b[:3]).tolist()) == list(range(25))
+    b = local_batches(order, y, 7, 10, True, torch.Generator().manual_seed(0))
+    assert [len(i) for i in b] == [10] * 7
+    small = local_batches(order, torch.arange(4), 3, 10, True, torch.Generator().manual_seed(0))
+    assert [len(i) for i in small] == [4, 4, 4]
