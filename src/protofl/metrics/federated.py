@@ -47,6 +47,8 @@ def local_accuracy(alg: Algorithm, model: ProtoNet, state: Tensors, data: Federa
         own = client_states.get(k, {}) if alg.personalized else {}
         params = own.get("params", state.get("params"))
         buffers = own.get("buffers", state.get("buffers"))
+        if params is None:  # a personalised client that has not trained yet
+            continue
         s = scores(alg, model, params, buffers, state, x, batch)
         accs.append(float((s.argmax(1) == y).float().mean()))
     return float(np.mean(accs)) if accs else float("nan")

@@ -1,0 +1,118 @@
+"""FedProto (Tan et al., AAAI 2022; not the first seed's method, which is ``fedmargin``).
+
+No model averaging: every client keeps its own model (``personalized``), starting from the
+common initial model, and is evaluated on its own test split. Clients exchange only class
+prototypes. Local loss ``CE + lambda * MSE(f(x), C^y)`` (MSE = mean over the d channels),
+with no regulariser for classes that have no global prototype yet. Server:
+``C^c = mean over the clients holding c of their prototypes`` (unweighted); a class no active
+client holds keeps its previous global prototype. Inference: the nearest global prototype
+(Euclidean), or the client head's logits while no global prototype exists.
+
+Server state: ``init`` (the common initial weights, sent so that a client's first round starts
+from them), ``protos (C, d)`` and ``present (C,)`` (1 where a global prototype exists).
+There is no global model, so the state has no ``params``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from protofl.algorithms import prototypes as pm
+from protofl.algorithms.base import (
+    Algorithm,
+    client_prototypes,
+    forward,
+    split_state,
+    weighted_mean,
+)
+from protofl.errors import ProtoflError
+
+FAR = 1e4  # score penalty of classes without a global prototype (finite: keeps CE finite)
+
+
+@dataclass
+class FedProtoOptions:
+    lam: float = 1.0  # weight of the prototype regulariser
+
+
+def prototype_regulariser(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor,
+                          present: torch.Tensor) -> torch.Tensor:
+    """Per-sample ``mean_i (z_i - C^y_i)^2``, 0 where class y has no global prototype."""
+    target = protos[y]
+    mse = ((z - target) ** 2).mean(dim=1)
+    return torch.where(present[y] > 0, mse, torch.zeros_like(mse))
+
+
+def nearest_prototype_scores(z: torch.Tensor, protos: torch.Tensor, present: torch.Tensor
+                             ) -> torch.Tensor:
+    """Class scores ``-||z - C^c||``; classes without a prototype get ``-FAR`` more."""
+    dist = pm.pairwise_distance(z, protos.to(z.dtype))
+    return -dist - FAR * (present <= 0).to(z.dtype)
+
+
+class FedProto(Algorithm):
+    name = "fedproto"
+    description = ("FedProto (Tan et al. 2022; not the seed's method): personalised models, "
+                   "CE + lambda MSE to global class prototypes, nearest-prototype inference")
+    Options = FedProtoOptions
+    personalized = True
+
+    def check_options(self) -> None:
+        if self.opts.lam < 0:
+            raise ProtoflError(f"algo.lam = {self.opts.lam} must be >= 0")
+
+    # ---- server ----
+    def init_state(self, model):
+        params, buffers = split_state(model)
+        d = model.feature_dim
+        return {"init": {"params": params, "buffers": buffers},
+                "protos": torch.zeros(self.num_classes, d),
+                "present": torch.zeros(self.num_classes)}
+
+    def broadcast(self, state):
+        return {"init": state["init"], "protos": state["protos"],
+                "present": state["present"]}
+
+    def aggregate(self, state, uploads):
+        protos = torch.stack([u["protos"] for u in uploads])
+        holds = torch.stack([u["counts"] for u in uploads]) > 0
+        new = dict(state)
+        new["protos"] = pm.aggregate_prototypes(protos, holds.to(protos.dtype),
+                                                state["protos"])
+        new["present"] = torch.maximum(state["present"], holds.any(0).to(state["present"].dtype))
+        return new, {"classes": holds.sum(0).tolist()}
+
+    # ---- client ----
+    def local_start(self, glob, client_state):
+        own = client_state if "params" in client_state else glob["init"]
+        return {"params": own["params"], "buffers": own["buffers"]}
+
+    def client_begin(self, model, glob, client_state, x, y):
+        return {"protos": glob["protos"], "present": glob["present"]}
+
+    def loss(self, model, params, buffers, x, y, w, ctx):
+        z, logits = forward(model, params, buffers, x)
+        ce = F.cross_entropy(logits, y, reduction="none")
+        reg = prototype_regulariser(z, y, ctx["protos"], ctx["present"])
+        return weighted_mean(ce + self.opts.lam * reg, w)
+
+    def client_end(self, model, params, buffers, glob, ctx, client_state, x, y):
+        protos, counts = client_prototypes(model, params, buffers, x, y, self.num_classes)
+        up = {"protos": protos, "counts": counts,
+              "num_samples": torch.tensor(float(len(y)), dtype=torch.float64)}
+        return up, {"params": params, "buffers": buffers}
+
+    def upload_shapes(self):
+        return {"protos": (self.num_classes, self.model.feature_dim),
+                "counts": (self.num_classes,), "num_samples": ()}
+
+    # ---- evaluation ----
+    def predict(self, model, params, buffers, state, x):
+        z, logits = forward(model, params, buffers, x)
+        if not bool((state["present"] > 0).any()):
+            return logits
+        return nearest_prototype_scores(z, state["protos"], state["present"])
+
