@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-SAMPLE, STRAGGLE, ORDER, AUGMENT, PROBE = range(5)
+SAMPLE, STRAGGLE, ORDER, AUGMENT, PROBE, SERVER = range(6)  # SERVER: server-side training
 
 
 def np_rng(seed: int, *keys: int) -> np.random.Generator:
