@@ -1,0 +1,67 @@
+"""The ClientApp: one SuperNode = one protofl client (its ``partition-id``).
+
+A ``train`` message carries the broadcast (``glob``) and the job (``job``: round, client,
+amount of local work, the run's config as JSON). The client trains with
+``protofl.engine.train.train_client`` (the engine's reference loop, so the algorithm's
+client_begin / loss / client_end run exactly as in process) and replies with the upload and
+its mean training loss. The client's persistent state (MOON's previous model, FedProIn's
+previous prototypes) stays in ``context.state``; it never leaves the node.
+"""
+
+from __future__ import annotations
+
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from protofl.engine.schedule import Job
+from protofl.engine.train import train_client
+from protofl.errors import ProtoflError
+from protofl.flower.records import tree_from_records, tree_to_records
+from protofl.flower.setup import build, check_partitions
+
+STATE = "protofl.client_state"
+DATA_ROOT = "data-root"  # optional node-config key: this node's copy of the dataset files
+
+
+def partition_of(context: Context) -> tuple[int, int]:
+    """``(partition-id, num-partitions)`` from the node config (one clear error if absent)."""
+    nc = context.node_config
+    if "partition-id" not in nc or "num-partitions" not in nc:
+        raise ProtoflError("flower: this SuperNode has no partition-id / num-partitions; start "
+                           "it with --node-config 'partition-id=K num-partitions=N'")
+    return int(nc["partition-id"]), int(nc["num-partitions"])
+
+
+app = ClientApp()
+
+
+@app.query()
+def describe(msg: Message, context: Context) -> Message:
+    """Reply to a ``query``: which partition this node holds."""
+    pid, n = partition_of(context)
+    return Message(RecordDict({"node": ConfigRecord({"partition-id": pid,
+                                                     "num-partitions": n})}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """One round of local training on this node's partition."""
+    job = msg.content.config_records["job"]
+    pid, n = partition_of(context)
+    b = build(str(job["config"]), str(context.node_config.get(DATA_ROOT, "")))
+    check_partitions(n, b.data)
+    client = int(job["client"])
+    if client != pid:
+        raise ProtoflError(f"flower: job for client {client} sent to partition {pid}")
+    glob = tree_from_records(msg.content, "glob")
+    state = tree_from_records(context.state, STATE) if STATE in context.state else {}
+    result = train_client(b.alg, b.model, glob,
+                          Job(client, int(job["amount"]), bool(job["straggler"])), b.data,
+                          state, b.setup, int(job["round"]))
+    if result.state:
+        tree_to_records(result.state, STATE, context.state)
+    content = tree_to_records(result.upload, "upload", RecordDict())
+    content["metrics"] = MetricRecord({"loss": float(result.loss), "client": client,
+                                       "num-examples": int(len(b.data.client_train(pid)[1]))})
+    return Message(content, reply_to=msg)
+

@@ -1,0 +1,209 @@
+"""The ServerApp: protofl's round loop with Flower SuperNodes as the trainers.
+
+The server is ``protofl.engine.experiment.Experiment`` (same sampling, stragglers,
+aggregation, evaluation, AMM, run folder) whose trainer, instead of training in process,
+sends each job to the SuperNode holding that client's partition and turns the replies back
+into ``ClientResult``s. Every reply is checked with ``validate_upload``: a malformed one
+(missing keys, wrong shapes, NaN/Inf, negative counts) or an error reply (node died) is
+logged with the node and the problem and left out; the round goes on with the rest, and a
+round with no valid reply keeps the previous global state (``Experiment.step``).
+
+Client-side state never reaches the server, so for personalised methods the server's
+evaluation uses the global weights for every client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from protofl.algorithms.base import Algorithm, Tensors, validate_upload
+from protofl.config import Config
+from protofl.data.federated import FederatedData
+from protofl.engine import runfolder
+from protofl.engine.experiment import Experiment
+from protofl.engine.schedule import Job
+from protofl.engine.train import ClientResult, LocalSetup
+from protofl.errors import ProtoflError
+from protofl.flower.records import tree_from_records, tree_to_records
+from protofl.flower.setup import OUT, check_partitions, config_from_run
+
+log = logging.getLogger("protofl.flower")
+
+ROUND_TIMEOUT = "round-timeout"  # seconds to wait for a round's replies
+NODE_WAIT = "node-wait"  # seconds to wait for every client's SuperNode to connect
+POLL_S = 0.2
+
+
+class FlowerExperiment(Experiment):
+    """An Experiment whose clients are SuperNodes reached through a Flower ``Grid``."""
+
+    def __init__(self, cfg: Config, grid: Grid, out: Path | None = None,
+                 round_timeout: float = 600.0, node_wait: float = 120.0):
+        super().__init__(cfg, out)
+        self.grid, self.round_timeout = grid, round_timeout
+        self.cfg_json = json.dumps(cfg.to_dict(), sort_keys=True)
+        self.trainer, self.trainer_name = self._train_remote, "flower"
+        self.nodes = self.discover(node_wait)
+        self.rejected: list[dict[str, Any]] = []
+
+    # ---- which node holds which client ----
+    def discover(self, wait: float) -> dict[int, int]:
+        """Map client (partition-id) -> node id, asking every connected SuperNode; waits up
+        to ``wait`` s for one node per client, then goes on with those it has."""
+        want = self.data.num_clients
+        deadline = time.monotonic() + wait
+        nodes: dict[int, int] = {}
+        asked: set[int] = set()
+        while True:
+            new = [n for n in self.grid.get_node_ids() if n not in asked]
+            asked.update(new)
+            msgs = [Message(RecordDict({"query": ConfigRecord({"what": "partition"})}),
+                            dst_node_id=n, message_type="query") for n in new]
+            for reply in self._exchange(msgs, max(deadline - time.monotonic(), 5.0)):
+                node = reply.metadata.src_node_id
+                if reply.has_error():
+                    log.warning("node %s did not describe itself: %s", node,
+                                reply.error.reason)
+                    continue
+                info = reply.content.config_records["node"]
+                check_partitions(int(info["num-partitions"]), self.data)
+                pid = int(info["partition-id"])
+                if not 0 <= pid < want:
+                    raise ProtoflError(f"flower: node {node} has partition-id {pid}, outside "
+                                       f"0..{want - 1}")
+                if pid in nodes:
+                    log.warning("nodes %s and %s both hold partition %s; using %s",
+                                nodes[pid], node, pid, nodes[pid])
+                    continue
+                nodes[pid] = node
+            if len(nodes) == want or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        missing = sorted(set(range(want)) - set(nodes))
+        if missing:
+            log.warning("no SuperNode for clients %s; they are skipped when sampled", missing)
+        log.info("%d of %d clients have a SuperNode", len(nodes), want)
+        return nodes
+
+    def _exchange(self, msgs: list[Message], timeout: float) -> list[Message]:
+        """Push ``msgs``, pull replies until all came, their nodes left, or ``timeout``."""
+        if not msgs:
+            return []
+        dst = {}
+        for mid, m in zip(self.grid.push_messages(msgs), msgs):
+            dst[mid] = m.metadata.dst_node_id
+        replies: list[Message] = []
+        deadline = time.monotonic() + timeout
+        next_check = time.monotonic() + 2.0
+        while dst and time.monotonic() < deadline:
+            got = list(self.grid.pull_messages(list(dst)))
+            for r in got:
+                dst.pop(r.metadata.reply_to_message_id, None)
+                replies.append(r)
+            if dst and time.monotonic() > next_check:  # stop waiting for nodes that left
+                alive = set(self.grid.get_node_ids())
+                for mid, node in list(dst.items()):
+                    if node not in alive:
+                        log.warning("node %s left before replying", node)
+                        dst.pop(mid)
+                next_check = time.monotonic() + 2.0
+            if dst and not got:
+                time.sleep(POLL_S)
+        for node in dst.values():
+            log.warning("node %s did not reply within %.0f s", node, timeout)
+        return replies
+
+    # ---- the trainer ----
+    def _train_remote(self, alg: Algorithm, model: Any, glob: Tensors, jobs: list[Job],
+                      data: FederatedData, client_states: dict, s: LocalSetup, rnd: int
+                      ) -> list[ClientResult]:
+        glob_records = tree_to_records(glob, "glob", RecordDict())
+        msgs, sent = [], {}
+        for job in jobs:
+            node = self.nodes.get(job.client)
+            if node is None:
+                self._reject(rnd, job.client, None, "no SuperNode holds this client")
+                continue
+            content = RecordDict({**glob_records, "job": ConfigRecord({
+                "round": rnd, "client": job.client, "amount": job.amount,
+                "straggler": job.straggler, "seed": s.seed, "config": self.cfg_json})})
+            msgs.append(Message(content, dst_node_id=node, message_type="train",
+                                group_id=str(rnd)))
+            sent[node] = job.client
+        shapes = alg.upload_shapes()
+        results: dict[int, ClientResult] = {}
+        for reply in self._exchange(msgs, self.round_timeout):
+            node = reply.metadata.src_node_id
+            client = sent.get(node)
+            if client is None:
+                log.warning("round %d: reply from unexpected node %s ignored", rnd, node)
+                continue
+            if reply.has_error():
+                self._reject(rnd, client, node, f"error reply: {reply.error.reason}")
+                continue
+            try:
+                upload = tree_from_records(reply.content, "upload")
+                validate_upload(upload, shapes)
+                loss = float(reply.content.metric_records["metrics"]["loss"])
+            except (ProtoflError, KeyError, TypeError, ValueError) as e:
+                self._reject(rnd, client, node, str(e))
+                continue
+            results[client] = ClientResult(client, upload, {}, loss)
+        for node, client in sent.items():
+            if client not in results and not any(
+                    r["round"] == rnd and r["client"] == client for r in self.rejected):
+                self._reject(rnd, client, node, "no reply")
+        return [results[j.client] for j in jobs if j.client in results]  # the engine's order
+
+    def _reject(self, rnd: int, client: int, node: int | None, why: str) -> None:
+        log.warning("round %d: client %d (node %s) left out: %s", rnd, client, node, why)
+        self.rejected.append({"round": rnd, "client": client, "node": node, "reason": why})
+
+    def step(self) -> dict:
+        record = super().step()
+        record["rejected"] = [r["client"] for r in self.rejected if r["round"] == record["round"]]
+        return record
+
+
+def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout: float = 600.0,
+                node_wait: float = 120.0) -> FlowerExperiment:
+    """Run ``cfg`` to the end on the SuperNodes of ``grid``; writes the run folder ``out``
+    (config.json, metrics.jsonl, checkpoints, summary.json) as the in-process engine does."""
+    if out is not None:
+        runfolder.prepare(out, overwrite=False)
+    exp = FlowerExperiment(cfg, grid, out, round_timeout, node_wait)
+    if out is not None:
+        runfolder.write_json(out / runfolder.CONFIG, cfg.to_dict())
+    summary = exp.run()
+    log.info("protofl run finished: %s", {k: summary.get(k) for k in (
+        "algorithm", "dataset", "rounds", "accuracy")})
+    return exp
+
+
+def make_server_app(cfg: Config | None = None, out: Path | None = None,
+                    on_finish: Any = None) -> ServerApp:
+    """A ServerApp for ``cfg`` (``None``: read the run config); ``on_finish(exp)`` is called
+    with the finished FlowerExperiment (tests, notebooks)."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        rc = context.run_config
+        run_cfg = cfg if cfg is not None else config_from_run(rc)
+        folder = out if out is not None or not rc.get(OUT) else Path(str(rc[OUT]))
+        exp = run_on_grid(run_cfg, grid, folder, float(rc.get(ROUND_TIMEOUT, 600.0)),
+                          float(rc.get(NODE_WAIT, 120.0)))
+        if on_finish is not None:
+            on_finish(exp)
+
+    return app
+
+
+app = make_server_app()
