@@ -14,6 +14,10 @@ ALGORITHMS: dict[str, str] = {
     "fedprox": "protofl.algorithms.fedavg:FedProx",
     "fedatt": "protofl.algorithms.fedavg:FedAtt",
     "fedmargin": "protofl.algorithms.fedmargin:FedMargin",
+    "moon": "protofl.algorithms.moon:Moon",
+    "fedproto": "protofl.algorithms.fedproto:FedProto",
+    "fedtgp": "protofl.algorithms.fedtgp:FedTGP",
+    "fedplvm": "protofl.algorithms.fedplvm:FedPLVM",
 }
 ALIASES = {"pgfl": "fedmargin"}
 

@@ -1,0 +1,151 @@
+"""FedTGP (Zhang et al., AAAI 2024): trainable global prototypes with an adaptive margin.
+
+FedTGP is a heterogeneous-model method in which clients keep their own models, so it is
+implemented, like ``fedproto``, with personalised client models (no weight averaging; each
+client evaluated with its own model on its own test split; inference = nearest global
+prototype). Client loss ``CE + lambda * MSE(f(x), P^y)`` (the fedproto regulariser,
+lambda = 10). Clients upload class prototypes and counts.
+
+Server: global prototypes ``P^c = MLP(e_c)`` from trainable class embeddings ``e`` and a
+two-layer MLP, kept in the server state. Each round they are trained for ``server_epochs``
+epochs over the uploaded prototypes ``(P, y)`` with ``CE(-D, y)``,
+``D_c' = ||P - P^c'|| + delta 1[c' = y]``, ``delta = min(max_c min_{c' != c} ||Q^c - Q^c'||,
+margin_cap)``, Q^c the mean uploaded prototype of class c this round (classes uploaded this
+round only; delta = 0 with fewer than two). Mini-batch order comes from a generator keyed by
+(seed, SERVER, round); the optimizer is created afresh each round (plain SGD is stateless).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from protofl.algorithms import prototypes as pm
+from protofl.algorithms.base import Tensors
+from protofl.algorithms.fedproto import FedProto
+from protofl.engine.schedule import SERVER, torch_gen
+from protofl.errors import ProtoflError
+
+
+@dataclass
+class FedTGPOptions:
+    lam: float = 10.0  # weight of the client prototype regulariser
+    server_epochs: int = 100
+    server_lr: float = 0.1
+    server_optimizer: str = "sgd"  # sgd | adam
+    server_batch: int = 10  # uploaded prototypes per server mini-batch
+    hidden: int = 0  # MLP hidden width; 0: the feature size d
+    margin_cap: float = 100.0  # the adaptive margin is capped here
+
+
+def adaptive_margin(q: torch.Tensor, present: torch.Tensor, cap: float) -> torch.Tensor:
+    """``min(max_c min_{c' != c} ||Q^c - Q^c'||, cap)`` over the present classes (0 if fewer
+    than two are present)."""
+    dist = pm.pairwise_distance(q, q)
+    ok = present.unsqueeze(0) & present.unsqueeze(1)
+    ok = ok & ~torch.eye(len(q), dtype=torch.bool)
+    nearest = dist.masked_fill(~ok, float("inf")).min(dim=1).values
+    nearest = nearest[present & torch.isfinite(nearest)]
+    if len(nearest) == 0:
+        return torch.zeros((), dtype=q.dtype)
+    return nearest.max().clamp(max=cap)
+
+
+def generate(g: Tensors) -> torch.Tensor:
+    """Global prototypes ``(C, d)``: ``W2 relu(W1 e_c + b1) + b2`` for every class."""
+    return F.relu(g["emb"] @ g["w1"].T + g["b1"]) @ g["w2"].T + g["b2"]
+
+
+def margin_loss(g: Tensors, p: torch.Tensor, y: torch.Tensor, delta: torch.Tensor
+                ) -> torch.Tensor:
+    """Adaptive-margin contrastive loss ``CE(-D, y)`` of uploaded prototypes ``p (n, d)``."""
+    dist = pm.pairwise_distance(p, generate(g))
+    dist = dist + delta * F.one_hot(y, dist.shape[1]).to(dist.dtype)
+    return F.cross_entropy(-dist, y)
+
+
+def init_generator(num_classes: int, d: int, hidden: int, gen: torch.Generator) -> Tensors:
+    """Standard-normal embeddings; linear layers uniform in +-1/sqrt(fan_in)."""
+    def uniform(*shape: int, fan_in: int) -> torch.Tensor:
+        bound = 1.0 / math.sqrt(fan_in)
+        return (torch.rand(*shape, generator=gen) * 2 - 1) * bound
+
+    return {"emb": torch.randn(num_classes, d, generator=gen),
+            "w1": uniform(hidden, d, fan_in=d), "b1": uniform(hidden, fan_in=d),
+            "w2": uniform(d, hidden, fan_in=hidden), "b2": uniform(d, fan_in=hidden)}
+
+
+def train_generator(g: Tensors, p: torch.Tensor, y: torch.Tensor, delta: torch.Tensor,
+                    o: FedTGPOptions, gen: torch.Generator) -> tuple[Tensors, list[float]]:
+    """``server_epochs`` epochs of the margin loss; returns new weights and per-epoch mean
+    losses."""
+    g = {k: v.detach().clone().requires_grad_(True) for k, v in g.items()}
+    params = list(g.values())
+    opt = (torch.optim.Adam(params, lr=o.server_lr) if o.server_optimizer == "adam"
+           else torch.optim.SGD(params, lr=o.server_lr))
+    history = []
+    for _ in range(o.server_epochs):
+        total, n = 0.0, 0
+        for idx in torch.randperm(len(y), generator=gen).split(o.server_batch):
+            loss = margin_loss(g, p[idx], y[idx], delta)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total, n = total + loss.item() * len(idx), n + len(idx)
+        history.append(total / n)
+    return {k: v.detach() for k, v in g.items()}, history
+
+
+class FedTGP(FedProto):
+    name = "fedtgp"
+    description = ("FedTGP (Zhang et al. 2024): personalised models, CE + lambda MSE to "
+                   "server-trained global prototypes (adaptive-margin contrastive loss)")
+    Options = FedTGPOptions
+
+    def check_options(self) -> None:
+        o = self.opts
+        if o.lam < 0:
+            raise ProtoflError(f"algo.lam = {o.lam} must be >= 0")
+        if o.server_epochs < 1:
+            raise ProtoflError(f"algo.server_epochs = {o.server_epochs} must be >= 1")
+        if o.server_lr <= 0:
+            raise ProtoflError(f"algo.server_lr = {o.server_lr} must be > 0")
+        if o.server_optimizer not in ("sgd", "adam"):
+            raise ProtoflError(f"algo.server_optimizer = {o.server_optimizer!r}; "
+                               "allowed: sgd, adam")
+        if o.server_batch < 1:
+            raise ProtoflError(f"algo.server_batch = {o.server_batch} must be >= 1")
+        if o.hidden < 0:
+            raise ProtoflError(f"algo.hidden = {o.hidden} must be >= 0 (0: the feature size)")
+        if o.margin_cap < 0:
+            raise ProtoflError(f"algo.margin_cap = {o.margin_cap} must be >= 0")
+
+    def init_state(self, model):
+        state = super().init_state(model)
+        seed = int(torch.randint(0, 2**31 - 1, ()))  # from the run's seeded global RNG
+        d = model.feature_dim
+        state["generator"] = init_generator(self.num_classes, d, self.opts.hidden or d,
+                                            torch_gen(seed, SERVER, 0))
+        state["seed"] = torch.tensor(seed)
+        state["round"] = torch.tensor(0)
+        return state
+
+    def aggregate(self, state, uploads):
+        protos = torch.stack([u["protos"] for u in uploads])  # (K, C, d)
+        holds = torch.stack([u["counts"] for u in uploads]) > 0  # (K, C)
+        present = holds.any(0)
+        q = pm.aggregate_prototypes(protos, holds.to(protos.dtype), torch.zeros_like(protos[0]))
+        delta = adaptive_margin(q, present, self.opts.margin_cap)
+        p, y = protos[holds], holds.nonzero()[:, 1]
+        rnd = int(state["round"]) + 1
+        gen = torch_gen(int(state["seed"]), SERVER, rnd)
+        g, history = train_generator(state["generator"], p, y, delta, self.opts, gen)
+        new = dict(state)
+        new["generator"], new["round"] = g, torch.tensor(rnd)
+        new["protos"] = generate(g).detach()
+        new["present"] = torch.maximum(state["present"], present.to(state["present"].dtype))
+        return new, {"classes": holds.sum(0).tolist(), "margin": float(delta),
+                     "server_loss": [history[0], history[-1]]}
