@@ -39,6 +39,10 @@ DATASETS: dict[str, DatasetSpec] = {
                            "Matek-19 AML cytomorphology: a TIFF folder per class, 15 classes"),
     "medmnist": DatasetSpec("protofl.data.medical:medmnist_federation", "resnet18",
                             "a MedMNIST .npz file (dermamnist, bloodmnist, ...)"),
+    "voc": DatasetSpec("protofl.data.voc:voc_federation", "resnet18",
+                       "Pascal VOC 2012 single-class images, 20 classes (classification)"),
+    "voc_macro": DatasetSpec("protofl.data.voc:voc_macro_federation", "resnet18",
+                             "Pascal VOC 2012 single-class images, the seed's macro classes"),
 }
 
 

@@ -1,0 +1,128 @@
+"""Pascal VOC 2012 as the seed's federated split, for classification and partition statistics.
+
+The images whose segmentation mask holds exactly one object class (besides background 0 and
+the void border 255) are kept, labelled with that class: the 20 VOC classes, or the seed's
+"macro" classes (person, vehicles, household, animals; the seed's fifth macro class,
+background, labels no whole image). ``ImageSets/Segmentation/train.txt`` is partitioned with
+``dirichlet_powerlaw`` (Dirichlet ``alpha`` class mix, power-law sizes ``gamma``, default 3),
+``val.txt`` is the global test set. This reproduces the seed's Pascal split statistics; the
+segmentation model (DeepLab-V3+ with a MobileNet encoder) and mIoU are NOT built here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from protofl.config import DataConfig
+from protofl.data.federated import FederatedData, from_partition
+from protofl.data.images import read_images
+from protofl.data.partition import partition
+from protofl.errors import ProtoflError
+
+VOC_CLASSES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair",
+               "cow", "diningtable", "dog", "horse", "motorbike", "person", "pottedplant",
+               "sheep", "sofa", "train", "tvmonitor")  # mask values 1..20
+MACRO_CLASSES = ("person", "vehicles", "household", "animals")
+MACRO_OF = {
+    "person": "person",
+    **dict.fromkeys(("aeroplane", "bicycle", "boat", "bus", "car", "motorbike", "train"),
+                    "vehicles"),
+    **dict.fromkeys(("bottle", "chair", "diningtable", "pottedplant", "sofa", "tvmonitor"),
+                    "household"),
+    **dict.fromkeys(("bird", "cat", "cow", "dog", "horse", "sheep"), "animals"),
+}
+VOID = 255
+VOC_SIZE = 128
+VOC_CLIENTS = 50  # our default; set data.num_clients for the seed's client count
+
+
+def voc_root(root: str | Path) -> Path:
+    """The VOC2012 folder: ``root`` itself, ``root/VOC2012`` or ``root/VOCdevkit/VOC2012``."""
+    root = Path(root)
+    for c in (root, root / "VOC2012", root / "VOCdevkit" / "VOC2012"):
+        if (c / "SegmentationClass").is_dir() and (c / "JPEGImages").is_dir():
+            return c
+    raise ProtoflError(f"no Pascal VOC 2012 folder at {root}: expected JPEGImages/, "
+                       "SegmentationClass/ and ImageSets/Segmentation/ (in it, VOC2012/ or "
+                       "VOCdevkit/VOC2012/)")
+
+
+def read_split(base: Path, split: str) -> list[str]:
+    path = base / "ImageSets" / "Segmentation" / f"{split}.txt"
+    try:
+        return [s.strip() for s in path.read_text().splitlines() if s.strip()]
+    except OSError:
+        raise ProtoflError(f"Pascal VOC split list {path} cannot be read") from None
+
+
+def mask_classes(path: Path) -> set[int]:
+    """The object classes (1..20) a palette-PNG segmentation mask contains."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            if im.mode not in ("P", "L"):
+                raise ProtoflError(f"segmentation mask {path} is mode {im.mode}; expected a "
+                                   "palette (P) PNG of class indices")
+            values = set(np.unique(np.asarray(im)).tolist())
+    except FileNotFoundError:
+        raise ProtoflError(f"segmentation mask {path} does not exist") from None
+    except (OSError, ValueError, SyntaxError) as e:
+        raise ProtoflError(f"segmentation mask {path} cannot be read ({e})") from None
+    values -= {0, VOID}
+    bad = sorted(v for v in values if v > len(VOC_CLASSES))
+    if bad:
+        raise ProtoflError(f"segmentation mask {path} holds values {bad}; allowed: 0-20 and 255")
+    return values
+
+
+def single_class_images(base: Path, split: str) -> tuple[list[str], np.ndarray]:
+    """(image ids, VOC class index 0..19) of the split's images with exactly one class."""
+    ids, labels = [], []
+    for image_id in read_split(base, split):
+        found = mask_classes(base / "SegmentationClass" / f"{image_id}.png")
+        if len(found) == 1:
+            ids.append(image_id)
+            labels.append(found.pop() - 1)
+    return ids, np.asarray(labels, dtype=np.int64)
+
+
+def _voc(cfg: DataConfig, macro: bool) -> FederatedData:
+    base = voc_root(cfg.root)
+    (tr_ids, y), (te_ids, y_test) = single_class_images(base, "train"), single_class_images(
+        base, "val")
+    if not tr_ids or not te_ids:
+        raise ProtoflError(f"Pascal VOC at {base}: no single-class image in the "
+                           f"{'train' if not tr_ids else 'val'} split")
+    if cfg.max_samples is not None and cfg.max_samples < len(tr_ids):
+        keep = np.sort(np.random.default_rng(cfg.seed).permutation(len(tr_ids))
+                       [:cfg.max_samples])
+        tr_ids, y = [tr_ids[i] for i in keep], y[keep]
+    names: tuple[str, ...] = VOC_CLASSES
+    if macro:
+        to_macro = np.asarray([MACRO_CLASSES.index(MACRO_OF[c]) for c in VOC_CLASSES])
+        y, y_test, names = to_macro[y], to_macro[y_test], MACRO_CLASSES
+    size = cfg.image_size or VOC_SIZE
+    jpg = base / "JPEGImages"
+    x = read_images([jpg / f"{i}.jpg" for i in tr_ids], size, "RGB")
+    x_test = read_images([jpg / f"{i}.jpg" for i in te_ids], size, "RGB")
+    k = cfg.num_clients or VOC_CLIENTS
+    parts = partition(y, cfg.partition or "dirichlet_powerlaw", k, cfg.seed, alpha=cfg.alpha,
+                      gamma=cfg.gamma, classes=cfg.classes_per_client,
+                      min_size=max(1, min(2, len(y) // k)))
+    return from_partition("voc_macro" if macro else "voc", len(names), x, torch.from_numpy(y),
+                          parts, x_test, torch.from_numpy(y_test), cfg.local_test_fraction,
+                          cfg.seed, list(names))
+
+
+def voc_federation(cfg: DataConfig) -> FederatedData:
+    """Single-class VOC 2012 images, 20 classes (see the module docstring)."""
+    return _voc(cfg, macro=False)
+
+
+def voc_macro_federation(cfg: DataConfig) -> FederatedData:
+    """Single-class VOC 2012 images, the seed's macro classes (see the module docstring)."""
+    return _voc(cfg, macro=True)
