@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from protofl.data.augment import (AugmentSpec, adaptive_augment, class_augment_probability,
-                                  random_augment)
+from protofl.data.augment import (
+    AugmentSpec,
+    adaptive_augment,
+    class_augment_probability,
+    random_augment,
+)
 
 NONE = AugmentSpec(rotation=0.0, hflip=0.0, vflip=0.0, scale=0.0, shift=0.0, brightness=0.0,
                    contrast=0.0, saturation=0.0)

@@ -1,0 +1,165 @@
+"""ResNet-18 (He et al. 2016) as a ProtoNet: ``encode`` gives the 512-d pooled feature.
+
+Written here (no torchvision). ``cfg.norm`` picks GroupNorm (default; federated training
+averages no running statistics) or BatchNorm. Inputs smaller than 64 px use a 3x3 stride-1
+stem without max-pooling (the usual CIFAR-style stem); larger ones the 7x7 stride-2 stem and
+max-pool. ``cfg.pretrained`` loads a local torchvision-style ResNet-18 state_dict (.pth).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from protofl.config import ModelConfig
+from protofl.errors import ProtoflError
+from protofl.models.nets import ProtoNet
+
+log = logging.getLogger("protofl")
+
+NORMS = ("group", "batch")
+SMALL_INPUT = 64  # below this many pixels (shorter side) the small stem is used
+
+
+def norm_layer(kind: str, channels: int) -> nn.Module:
+    if kind == "batch":
+        return nn.BatchNorm2d(channels)
+    return nn.GroupNorm(min(32, channels), channels)
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convolutions with a residual connection (1x1 projection when the shape
+    changes)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int, norm: str):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.norm1 = norm_layer(norm, c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.norm2 = norm_layer(norm, c_out)
+        self.relu = nn.ReLU()
+        self.shortcut = nn.Sequential()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False),
+                                          norm_layer(norm, c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.norm1(self.conv1(x)))
+        out = self.norm2(self.conv2(out))
+        return self.relu(out + self.shortcut(x))
+
+
+class ResNet18(ProtoNet):
+    """Stem, four stages of two BasicBlocks (64, 128, 256, 512 channels), global average
+    pooling (z, d = 512), linear head."""
+
+    widths = (64, 128, 256, 512)
+
+    def __init__(self, in_shape: tuple[int, ...], num_classes: int, norm: str = "group"):
+        super().__init__()
+        if norm not in NORMS:
+            raise ProtoflError(f"model.norm = {norm!r}; allowed: {', '.join(NORMS)}")
+        if len(in_shape) != 3:
+            raise ProtoflError(f"resnet18 needs image inputs (C, H, W), got shape {in_shape}")
+        c_in, h, w = in_shape
+        self.small = min(h, w) < SMALL_INPUT
+        if self.small:
+            self.stem = nn.Sequential(nn.Conv2d(c_in, 64, 3, 1, 1, bias=False),
+                                      norm_layer(norm, 64), nn.ReLU())
+        else:
+            self.stem = nn.Sequential(nn.Conv2d(c_in, 64, 7, 2, 3, bias=False),
+                                      norm_layer(norm, 64), nn.ReLU(),
+                                      nn.MaxPool2d(3, 2, 1))
+        stages, c = [], 64
+        for i, width in enumerate(self.widths):
+            stride = 1 if i == 0 else 2
+            stages.append(nn.Sequential(BasicBlock(c, width, stride, norm),
+                                        BasicBlock(width, width, 1, norm)))
+            c = width
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.feature_dim = 512
+        self.classifier = nn.Linear(512, num_classes)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.pool(x).flatten(1)
+
+
+def torchvision_key(name: str) -> str | None:
+    """The torchvision ResNet key holding our parameter/buffer ``name`` (None: the head)."""
+    if name.startswith("classifier."):
+        return None
+    parts = name.split(".")
+    if parts[0] == "stem":
+        return {"0": "conv1", "1": "bn1"}[parts[1]] + "." + ".".join(parts[2:])
+    if parts[0].startswith("layer"):
+        layer, block, mod = parts[0], parts[1], parts[2]
+        rest = ".".join(parts[3:])
+        if mod in ("conv1", "conv2"):
+            return f"{layer}.{block}.{mod}.{rest}"
+        if mod in ("norm1", "norm2"):
+            return f"{layer}.{block}.bn{mod[-1]}.{rest}"
+        if mod == "shortcut":
+            return f"{layer}.{block}.downsample.{rest}"
+    raise ValueError(f"no torchvision counterpart for {name!r}")
+
+
+def load_pretrained(model: ResNet18, path: str) -> None:
+    """Copy ImageNet weights from a torchvision-style ResNet-18 state_dict into ``model``.
+
+    The fc layer is skipped (the head stays freshly initialised); with GroupNorm the BatchNorm
+    affine weights are used and running statistics ignored. A 3-channel stem kernel is summed
+    over its input channels for 1-channel inputs; the 7x7 stem kernel is not loaded into the
+    small 3x3 stem (a warning says so). Any other missing key or shape mismatch is an error.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ProtoflError(f"model.pretrained: no file at {p}")
+    try:
+        source = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's input problem
+        raise ProtoflError(f"model.pretrained: {p} is not a readable state_dict ({e})") from None
+    if isinstance(source, dict) and isinstance(source.get("state_dict"), dict):
+        source = source["state_dict"]
+    if not isinstance(source, dict):
+        raise ProtoflError(f"model.pretrained: {p} does not hold a state_dict")
+    source = {k.removeprefix("module."): v for k, v in source.items()}
+    target = model.state_dict()
+    loaded = {}
+    for name, value in target.items():
+        key = torchvision_key(name)
+        if key is None:
+            continue
+        if key not in source:
+            if key.endswith("num_batches_tracked"):
+                continue
+            raise ProtoflError(f"model.pretrained: {p} lacks {key!r} (not a ResNet-18 "
+                               f"state_dict?)")
+        w = source[key]
+        if not isinstance(w, torch.Tensor):
+            raise ProtoflError(f"model.pretrained: {key!r} in {p} is not a tensor")
+        if key == "conv1.weight" and w.shape != value.shape:
+            if model.small:
+                log.warning("model.pretrained: the 7x7 stem kernel does not fit the small "
+                            "3x3 stem; the stem stays randomly initialised")
+                continue
+            if w.dim() == 4 and value.shape[1] == 1 and w.shape[1] == 3:
+                w = w.sum(dim=1, keepdim=True)
+        if w.shape != value.shape:
+            raise ProtoflError(f"model.pretrained: {key!r} has shape {tuple(w.shape)}, "
+                               f"the model needs {tuple(value.shape)}")
+        loaded[name] = w.to(value.dtype)
+    model.load_state_dict(loaded, strict=False)
+
+
+def resnet18(in_shape: tuple[int, ...], num_classes: int, cfg: ModelConfig) -> ResNet18:
+    """ResNet-18 for ``in_shape (C, H, W)`` with ``cfg.norm`` and optional ``cfg.pretrained``."""
+    model = ResNet18(tuple(in_shape), num_classes, cfg.norm)
+    if cfg.pretrained:
+        load_pretrained(model, cfg.pretrained)
+    return model
