@@ -153,8 +153,9 @@ class Algorithm:
         """Sample order of one local epoch (default: a fresh permutation)."""
         return torch.randperm(len(y), generator=gen)
 
-    def augment(self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        """Per-batch data augmentation (default: none)."""
+    def augment(self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator,
+                ctx: Tensors | None = None) -> torch.Tensor:
+        """Per-batch data augmentation (default: none); ``ctx`` is the client's context."""
         return x
 
     # ---- evaluation ----

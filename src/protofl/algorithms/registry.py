@@ -14,6 +14,7 @@ ALGORITHMS: dict[str, str] = {
     "fedprox": "protofl.algorithms.fedavg:FedProx",
     "fedatt": "protofl.algorithms.fedavg:FedAtt",
     "fedmargin": "protofl.algorithms.fedmargin:FedMargin",
+    "fedproin": "protofl.algorithms.fedproin:FedProIn",
     "moon": "protofl.algorithms.moon:Moon",
     "fedproto": "protofl.algorithms.fedproto:FedProto",
     "fedtgp": "protofl.algorithms.fedtgp:FedTGP",

@@ -90,7 +90,7 @@ def train_client(alg: Algorithm, model: ProtoNet, glob: Tensors, job: Job, data:
     total = 0.0
     for idx in work.batches:
         xb, yb = work.x[idx], work.y[idx]
-        xb = alg.augment(xb, yb, work.augment_gen)
+        xb = alg.augment(xb, yb, work.augment_gen, work.ctx)
         loss = alg.loss(model, params, buffers, xb, yb, torch.ones(len(yb), dtype=xb.dtype),
                         work.ctx)
         opt.zero_grad(set_to_none=True)
