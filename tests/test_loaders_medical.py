@@ -77,6 +77,20 @@ def test_ham10000_lesion_split_and_shapes(tmp_path):
     assert test_lesions and train_lesions and test_lesions.isdisjoint(train_lesions)
 
 
+def test_ham10000_tab_metadata_with_bom(tmp_path):
+    """The Dataverse copy: tab-separated HAM10000_metadata.tab, here with a UTF-8 BOM."""
+    rows = write_ham(tmp_path, n_lesions=8)
+    csv_path = tmp_path / "HAM10000_metadata.csv"
+    text = csv_path.read_text().replace(",", "\t")
+    (tmp_path / "HAM10000_metadata.tab").write_text("\ufeff" + text, encoding="utf-8")
+    csv_path.unlink()
+    data = ham10000_federation(DataConfig(name="ham10000", root=str(tmp_path), num_clients=2,
+                                          image_size=8, partition="iid"))
+    assert len(data.x_test) + data.train_sizes.sum() + len(data.x_local_test) == len(rows)
+    assert sorted(set(data.y_test.tolist() + data.y_train.tolist() + data.y_local_test.tolist())
+                  ) == sorted({HAM_CLASSES.index(r["dx"]) for r in rows})
+
+
 def test_ham10000_bad_inputs(tmp_path):
     rows = write_ham(tmp_path)
     cfg = DataConfig(name="ham10000", root=str(tmp_path), num_clients=2, image_size=8)

@@ -85,10 +85,13 @@ def stratified_split(y: np.ndarray, fraction: float, seed: int) -> np.ndarray:
 
 # ---------------------------------------------------------------- HAM10000
 def read_ham_metadata(path: Path) -> tuple[list[str], list[str], np.ndarray]:
-    """(lesion ids, image ids, labels) of the metadata CSV, checked."""
+    """(lesion ids, image ids, labels) of the metadata CSV (comma- or tab-separated, as the
+    Dataverse ``.tab`` copy), checked."""
     try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            first = f.readline()
+            f.seek(0)
+            rows = list(csv.DictReader(f, delimiter="\t" if "\t" in first else ","))
             header = rows[0].keys() if rows else []
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise ProtoflError(f"HAM10000 metadata {path} cannot be read: {e}") from None
@@ -107,13 +110,17 @@ def read_ham_metadata(path: Path) -> tuple[list[str], list[str], np.ndarray]:
             np.asarray(labels, dtype=np.int64))
 
 
-def _find_file(root: Path, name: str) -> Path:
-    if (root / name).is_file():
-        return root / name
-    found = sorted(root.rglob(name))
-    if not found:
-        raise ProtoflError(f"{name} not found under {root}")
-    return found[0]
+def _find_file(root: Path, name: str, alternatives: tuple[str, ...] = ()) -> Path:
+    """``name`` (else an alternative name) in ``root`` or any folder below it."""
+    if root.is_file() and root.name in (name, *alternatives):
+        return root
+    for n in (name, *alternatives):
+        if (root / n).is_file():
+            return root / n
+        found = sorted(p for p in root.rglob(n) if p.is_file())
+        if found:
+            return found[0]
+    raise ProtoflError(f"{name} not found under {root}")
 
 
 def ham10000_federation(cfg: DataConfig) -> FederatedData:
@@ -123,8 +130,9 @@ def ham10000_federation(cfg: DataConfig) -> FederatedData:
     The global test set (~20% of the images) holds whole lesions, so no lesion's images are
     on both sides."""
     root = _root(cfg, "HAM10000")
-    meta = _find_file(root, HAM_METADATA)
+    meta = _find_file(root, HAM_METADATA, ("HAM10000_metadata.tab", "HAM10000_metadata"))
     lesions, images, y = read_ham_metadata(meta)
+    root = root if root.is_dir() else root.parent
     if not images:
         raise ProtoflError(f"HAM10000 metadata {meta} has no rows")
     files = {p.stem: p for p in root.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg")}
