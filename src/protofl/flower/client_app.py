@@ -10,6 +10,8 @@ previous prototypes) stays in ``context.state``; it never leaves the node.
 
 from __future__ import annotations
 
+import hashlib
+
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -19,7 +21,7 @@ from protofl.errors import ProtoflError
 from protofl.flower.records import tree_from_records, tree_to_records
 from protofl.flower.setup import build, check_partitions
 
-STATE = "protofl.client_state"
+STATE = "protofl.client_state"  # + a digest of the run's config: one state per protofl run
 DATA_ROOT = "data-root"  # optional node-config key: this node's copy of the dataset files
 
 
@@ -54,12 +56,13 @@ def train(msg: Message, context: Context) -> Message:
     if client != pid:
         raise ProtoflError(f"flower: job for client {client} sent to partition {pid}")
     glob = tree_from_records(msg.content, "glob")
-    state = tree_from_records(context.state, STATE) if STATE in context.state else {}
+    key = f"{STATE}.{hashlib.sha256(str(job['config']).encode()).hexdigest()[:16]}"
+    state = tree_from_records(context.state, key) if key in context.state else {}
     result = train_client(b.alg, b.model, glob,
                           Job(client, int(job["amount"]), bool(job["straggler"])), b.data,
                           state, b.setup, int(job["round"]))
     if result.state:
-        tree_to_records(result.state, STATE, context.state)
+        tree_to_records(result.state, key, context.state)
     content = tree_to_records(result.upload, "upload", RecordDict())
     content["metrics"] = MetricRecord({"loss": float(result.loss), "client": client,
                                        "num-examples": int(len(b.data.client_train(pid)[1]))})

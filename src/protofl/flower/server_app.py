@@ -39,6 +39,7 @@ log = logging.getLogger("protofl.flower")
 ROUND_TIMEOUT = "round-timeout"  # seconds to wait for a round's replies
 NODE_WAIT = "node-wait"  # seconds to wait for every client's SuperNode to connect
 POLL_S = 0.2
+LOG_FILE = "flower.log"
 
 
 class FlowerExperiment(Experiment):
@@ -175,15 +176,26 @@ class FlowerExperiment(Experiment):
 def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout: float = 600.0,
                 node_wait: float = 120.0) -> FlowerExperiment:
     """Run ``cfg`` to the end on the SuperNodes of ``grid``; writes the run folder ``out``
-    (config.json, metrics.jsonl, checkpoints, summary.json) as the in-process engine does."""
+    (config.json, metrics.jsonl, checkpoints, summary.json) as the in-process engine does, plus
+    ``flower.log``: the server's log lines (left-out replies, missing nodes)."""
+    handler = None
     if out is not None:
         runfolder.prepare(out, overwrite=False)
-    exp = FlowerExperiment(cfg, grid, out, round_timeout, node_wait)
-    if out is not None:
-        runfolder.write_json(out / runfolder.CONFIG, cfg.to_dict())
-    summary = exp.run()
-    log.info("protofl run finished: %s", {k: summary.get(k) for k in (
-        "algorithm", "dataset", "rounds", "accuracy")})
+        handler = logging.FileHandler(out / LOG_FILE)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    try:
+        exp = FlowerExperiment(cfg, grid, out, round_timeout, node_wait)
+        if out is not None:
+            runfolder.write_json(out / runfolder.CONFIG, cfg.to_dict())
+        summary = exp.run()
+        log.info("protofl run finished: %s", {k: summary.get(k) for k in (
+            "algorithm", "dataset", "rounds", "accuracy")})
+    finally:
+        if handler is not None:
+            log.removeHandler(handler)
+            handler.close()
     return exp
 
 
