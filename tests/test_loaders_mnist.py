@@ -96,7 +96,7 @@ def test_cli_runs_mnist_end_to_end(tmp_path, capsys):
             "--out", str(tmp_path / "run"),
             "--set", f"data.root={root}", "--set", "data.num_clients=4",
             "--set", "clients.per_round=2", "--set", "clients.local_steps=1",
-            "--set", "metrics.dissimilarity_clients=0"]
+            "--set", "metrics.dissimilarity_clients=0", "--set", "trainer=sequential"]
     assert main(argv) == 0
     assert (tmp_path / "run" / "summary.json").exists()
     missing = [a if not a.startswith("data.root=") else f"data.root={tmp_path / 'nope'}"
