@@ -106,29 +106,10 @@ def from_client_lists(
 
     Without a global test set, the union of the clients' local test splits is used.
     """
-    rng = np.random.default_rng(seed)
-    tr_x, tr_y, te_x, te_y = [], [], [], []
-    for x, y in zip(xs, ys):
-        perm = torch.from_numpy(rng.permutation(len(y)))
-        n_test = int(round(local_test_fraction * len(y)))
-        if len(y) > 1:
-            n_test = min(max(n_test, 1 if local_test_fraction > 0 else 0), len(y) - 1)
-        te, tr = perm[:n_test], perm[n_test:]
-        tr_x.append(x[tr])
-        tr_y.append(y[tr])
-        te_x.append(x[te])
-        te_y.append(y[te])
-    train_offsets = np.concatenate([[0], np.cumsum([len(y) for y in tr_y])])
-    test_offsets = np.concatenate([[0], np.cumsum([len(y) for y in te_y])])
-    x_local_test, y_local_test = torch.cat(te_x), torch.cat(te_y)
-    if x_test is None:
-        x_test, y_test = x_local_test, y_local_test
-    return FederatedData(
-        name=name, num_classes=num_classes,
-        x_train=torch.cat(tr_x), y_train=torch.cat(tr_y).long(), train_offsets=train_offsets,
-        x_local_test=x_local_test, y_local_test=y_local_test.long(), test_offsets=test_offsets,
-        x_test=x_test, y_test=y_test.long(), class_names=class_names or [],
-    )
+    bounds = np.concatenate([[0], np.cumsum([len(y) for y in ys])])
+    parts = [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    return from_partition(name, num_classes, torch.cat(xs), torch.cat(ys), parts, x_test,
+                          y_test, local_test_fraction, seed, class_names)
 
 
 def from_partition(
@@ -137,14 +118,37 @@ def from_partition(
     x: torch.Tensor,
     y: torch.Tensor,
     parts: list[np.ndarray],
-    x_test: torch.Tensor,
-    y_test: torch.Tensor,
+    x_test: torch.Tensor | None = None,
+    y_test: torch.Tensor | None = None,
     local_test_fraction: float = 0.1,
     seed: int = 0,
     class_names: list[str] | None = None,
 ) -> FederatedData:
-    """Build the container from a pool and per-client index arrays (a partitioner's output)."""
-    xs = [x[torch.as_tensor(p, dtype=torch.long)] for p in parts]
-    ys = [y[torch.as_tensor(p, dtype=torch.long)] for p in parts]
-    return from_client_lists(name, num_classes, xs, ys, x_test, y_test, local_test_fraction,
-                             seed, class_names)
+    """Build the container from a pool and per-client index arrays (a partitioner's output).
+
+    Each client's samples are shuffled and split into local train and test parts (at least
+    one test sample when the fraction is positive, at least one train sample); the pool is
+    then gathered once per split, ordered by client.
+    """
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for p in parts:
+        p = rng.permutation(np.asarray(p, dtype=np.int64))
+        n_test = int(round(local_test_fraction * len(p)))
+        if len(p) > 1:
+            n_test = min(max(n_test, 1 if local_test_fraction > 0 else 0), len(p) - 1)
+        test.append(p[:n_test])
+        train.append(p[n_test:])
+    train_offsets = np.concatenate([[0], np.cumsum([len(i) for i in train])])
+    test_offsets = np.concatenate([[0], np.cumsum([len(i) for i in test])])
+    tr = torch.from_numpy(np.concatenate(train))
+    te = torch.from_numpy(np.concatenate(test))
+    x_local_test, y_local_test = x[te], y[te].long()
+    if x_test is None:
+        x_test, y_test = x_local_test, y_local_test
+    return FederatedData(
+        name=name, num_classes=num_classes,
+        x_train=x[tr], y_train=y[tr].long(), train_offsets=train_offsets,
+        x_local_test=x_local_test, y_local_test=y_local_test, test_offsets=test_offsets,
+        x_test=x_test, y_test=y_test.long(), class_names=class_names or [],
+    )
