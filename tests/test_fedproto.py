@@ -1,0 +1,110 @@
+"""FedProto (Tan et al.): the regulariser and the server mean by hand, nearest-prototype
+inference, personalised weights, and a 2-round run."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from protofl.algorithms.base import split_state, validate_upload
+from protofl.algorithms.fedproto import nearest_prototype_scores, prototype_regulariser
+from protofl.algorithms.registry import make_algorithm
+from protofl.config import config_from_dict
+from protofl.engine.experiment import Experiment
+from protofl.errors import ProtoflError
+from protofl.models.nets import Mlp
+
+
+def _alg(lam=1.0):
+    torch.manual_seed(0)
+    model = Mlp(2, 3, hidden=(4, 2))
+    return make_algorithm("fedproto", {"lam": lam}, model, 3), model
+
+
+def test_regulariser_by_hand():
+    z = torch.tensor([[1.0, 2.0], [3.0, 4.0], [0.0, 1.0]])
+    y = torch.tensor([0, 1, 2])
+    protos = torch.tensor([[0.0, 0.0], [1.0, 1.0], [0.0, 3.0]])
+    present = torch.tensor([1.0, 0.0, 1.0])
+    # class 0: ((1-0)^2 + (2-0)^2)/2 = 2.5; class 1: no global prototype; class 2: (0+4)/2 = 2
+    assert prototype_regulariser(z, y, protos, present).tolist() == [2.5, 0.0, 2.0]
+
+
+def test_loss_is_ce_plus_lambda_mse():
+    alg, model = _alg(lam=1.0)
+    assert alg.opts.lam == 1.0 and alg.personalized
+    x = torch.tensor([[0.5, -1.0], [1.0, 2.0], [-1.0, 0.3], [0.2, 0.2]])
+    y = torch.tensor([0, 1, 2, 1])
+    w = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    protos = torch.tensor([[0.1, 0.2], [0.3, -0.4], [9.0, 9.0]])
+    ctx = {"protos": protos, "present": torch.tensor([1.0, 1.0, 0.0])}
+    params, buffers = split_state(model)
+    with torch.no_grad():
+        z, logits = model(x)
+    ce = F.cross_entropy(logits, y, reduction="none")
+    reg = [float(((z[i] - protos[y[i]]) ** 2).mean()) if y[i] != 2 else 0.0 for i in range(4)]
+    expected = sum((float(ce[i]) + reg[i]) * float(w[i]) for i in range(4)) / 3
+    got = float(alg.loss(model, params, buffers, x, y, w, ctx))
+    assert got == pytest.approx(expected, rel=1e-6)
+
+
+def test_server_mean_over_holding_clients_and_single_holder():
+    alg, model = _alg()
+    state = alg.init_state(model)
+    state["protos"] = torch.tensor([[0.0, 0.0], [0.0, 0.0], [7.0, 7.0]])
+    state["present"] = torch.tensor([0.0, 0.0, 1.0])
+    a = {"protos": torch.tensor([[1.0, 1.0], [2.0, 2.0], [0.0, 0.0]]),
+         "counts": torch.tensor([3.0, 1.0, 0.0]), "num_samples": torch.tensor(4.0)}
+    b = {"protos": torch.tensor([[3.0, 5.0], [0.0, 0.0], [0.0, 0.0]]),
+         "counts": torch.tensor([1.0, 0.0, 0.0]), "num_samples": torch.tensor(1.0)}
+    new, _ = alg.aggregate(state, [a, b])
+    # class 0: plain mean over the two holders (not count-weighted: that would be [1.5, 2]);
+    # class 1: its only holder's prototype; class 2: nobody holds it, keeps the previous one
+    assert new["protos"].tolist() == [[2.0, 3.0], [2.0, 2.0], [7.0, 7.0]]
+    assert new["present"].tolist() == [1.0, 1.0, 1.0]
+    assert "params" not in new
+
+
+def test_nearest_prototype_scores_and_fallback():
+    z = torch.tensor([[0.0, 0.1], [2.9, 3.0]])
+    protos = torch.tensor([[0.0, 0.0], [3.0, 3.0], [0.0, 0.1]])
+    s = nearest_prototype_scores(z, protos, torch.tensor([1.0, 1.0, 0.0]))
+    assert s.argmax(1).tolist() == [0, 1]  # class 2 is nearer to row 0 but has no prototype
+    alg, model = _alg()
+    state = alg.init_state(model)
+    params, buffers = split_state(model)
+    x = torch.randn(3, 2)
+    with torch.no_grad():
+        assert torch.equal(alg.predict(model, params, buffers, state, x), model(x)[1])
+
+
+def test_personal_weights_and_upload():
+    alg, model = _alg()
+    state = alg.init_state(model)
+    glob = alg.broadcast(state)
+    start = alg.local_start(glob, {})
+    assert all(torch.equal(start["params"][k], v) for k, v in state["init"]["params"].items())
+    params = {k: v + 1.0 for k, v in start["params"].items()}
+    x, y = torch.randn(5, 2), torch.tensor([0, 0, 1, 1, 1])
+    up, own = alg.client_end(model, params, start["buffers"], glob, {}, {}, x, y)
+    validate_upload(up, alg.upload_shapes())
+    assert "params" not in up and up["counts"].tolist() == [2.0, 3.0, 0.0]
+    again = alg.local_start(glob, own)
+    assert all(torch.equal(again["params"][k], params[k]) for k in params)
+
+
+def test_bad_option():
+    with pytest.raises(ProtoflError):
+        _alg(lam=-1.0)
+
+
+def test_two_round_digits_run():
+    cfg = config_from_dict({"algorithm": "fedproto", "rounds": 2, "checkpoint_every": 0,
+                            "data": {"name": "digits", "num_clients": 4},
+                            "clients": {"per_round": 2, "local_steps": 2},
+                            "metrics": {"dissimilarity_clients": 2}})
+    exp = Experiment(cfg)
+    out = exp.run()
+    for key in ("accuracy", "local_accuracy", "amm", "client_loss"):
+        assert np.isfinite(out[key]), key
+    assert "params" not in exp.state and all("params" in s for s in exp.client_states.values())
