@@ -169,7 +169,8 @@ class FlowerExperiment(Experiment):
 
     def step(self) -> dict:
         record = super().step()
-        record["rejected"] = [r["client"] for r in self.rejected if r["round"] == record["round"]]
+        record["rejected"] = sorted(r["client"] for r in self.rejected
+                                    if r["round"] == record["round"])
         return record
 
 
