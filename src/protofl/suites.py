@@ -29,6 +29,15 @@ DIGITS_NONIID = {
     "metrics": {"dissimilarity_clients": 30},
 }
 
+# fedproin's protocol (K = 10, half active, Dirichlet 0.5 and IID) scaled to the digits CNN
+FEDPROIN_DIGITS = {
+    "data": {"name": "digits", "num_clients": 10},
+    "rounds": 20,
+    "clients": {"per_round": 5, "local_steps": 10, "batch_size": 32, "optimizer": "adam",
+                "lr": 0.001},
+    "metrics": {"dissimilarity_clients": 0},
+}
+
 
 @dataclass
 class Suite:
@@ -67,6 +76,19 @@ SUITES: dict[str, Suite] = {
             "9-apm-only": {"algorithm": "fedmargin", "algo": {"clues": "apm"}},
             "10-full": {"algorithm": "fedmargin"},
         },
+    ),
+    "fedproin": Suite(
+        "fedproin vs fedavg, fedprox, moon, fedproto, fedtgp, fedplvm on digits (K = 10, "
+        "5 per round), Dirichlet 0.5 and IID, 3 seeds",
+        {"digits-dir0.5": {**FEDPROIN_DIGITS, "data": {**FEDPROIN_DIGITS["data"],
+                                                       "partition": "dirichlet",
+                                                       "alpha": 0.5}},
+         "digits-iid": {**FEDPROIN_DIGITS, "data": {**FEDPROIN_DIGITS["data"],
+                                                    "partition": "iid"}}},
+        {"fedproin": {"algorithm": "fedproin", "algo": {"flips": False},
+                      "trainer": "sequential"},  # its augmentation needs the client context
+         **{name: {"algorithm": name} for name in ("fedavg", "fedprox", "moon", "fedproto",
+                                                     "fedtgp", "fedplvm")}},
     ),
 }
 
