@@ -65,4 +65,4 @@ def step_(params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
             buf = state[f"buf.{k}"]
             buf.mul_(s.momentum).add_(g)
             g = buf
-        p.sub_(s.lr * g)
+        p.add_(g, alpha=-s.lr)

@@ -98,6 +98,21 @@ def chunk_size(model: ProtoNet, start: Tensors, x: torch.Tensor, batch: int, s: 
     return max(1, budget // max(6 * pbytes + 3 * abytes, 1))
 
 
+def trained_params(alg: Algorithm, model: ProtoNet, work: ClientWork, start: Tensors
+                   ) -> list[str]:
+    """Names of the parameters the loss reaches (one autograd probe on the first batch). The
+    others get no gradient, so torch.optim, and the vectorized trainer, leave them as they are
+    (no weight decay, no optimizer state)."""
+    params = {k: v.detach().clone().requires_grad_(True) for k, v in start["params"].items()}
+    idx = work.batches[0]
+    x, y = work.x[idx], work.y[idx]
+    model.train()
+    loss = alg.loss(model, params, start["buffers"], x, y, torch.ones(len(y), dtype=x.dtype),
+                    work.ctx)
+    grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+    return [k for k, g in zip(params, grads) if g is not None]
+
+
 def _stack_tree(trees: list[Any]) -> tuple[Any, Any]:
     """Stack same-structured pytrees leaf by leaf; a leaf that is the very same object (or an
     equal non-tensor) in every tree is shared (``in_dims`` None) instead of copied.
@@ -138,6 +153,10 @@ def _row_index(works: list[ClientWork], offsets: list[int], steps: int
     sizes = torch.zeros(len(works), steps, dtype=torch.long)
     for i, (w, off) in enumerate(zip(works, offsets)):
         rows[i] = off
+        if all(len(idx) == bmax for idx in w.batches):  # the common case: full batches
+            rows[i, :len(w.batches)] = torch.stack(w.batches) + off
+            sizes[i, :len(w.batches)] = bmax
+            continue
         for t, idx in enumerate(w.batches):
             rows[i, t, :len(idx)] = idx + off
             rows[i, t, len(idx):] = idx[0] + off
@@ -146,16 +165,17 @@ def _row_index(works: list[ClientWork], offsets: list[int], steps: int
 
 
 def _train_chunk(alg: Algorithm, model: ProtoNet, works: list[ClientWork], starts: list[Tensors],
-                 data: FederatedData, s: LocalSetup) -> tuple[list[Tensors], list[Tensors],
-                                                              list[float]]:
-    """Train the clients of ``works`` (sorted by steps, most first) together."""
+                 data: FederatedData, s: LocalSetup, trained: list[str]
+                 ) -> tuple[list[Tensors], list[Tensors], list[float]]:
+    """Train the clients of ``works`` (sorted by steps, most first) together; only the
+    parameters named in ``trained`` are updated."""
     n_steps = [len(w.batches) for w in works]
     steps = n_steps[0]
     params = {k: torch.stack([st["params"][k] for st in starts]).detach().clone()
               for k in starts[0]["params"]}
     buffers, bdims = _stack_tree([st["buffers"] for st in starts])
     ctx, cdims = _stack_tree([w.ctx for w in works])
-    opt = optim.init_state(params, s)
+    opt = optim.init_state({k: params[k] for k in trained}, s)
     offsets = [int(data.train_offsets[w.job.client]) for w in works]
     rows, sizes = _row_index(works, offsets, steps)
     custom_augment = type(alg).augment is not Algorithm.augment
@@ -177,12 +197,12 @@ def _train_chunk(alg: Algorithm, model: ProtoNet, works: list[ClientWork], start
             x = x.clone()
             for i in range(n):
                 m = int(sizes[i, t])
-                x[i, :m] = alg.augment(x[i, :m], y[i, :m], works[i].augment_gen)
+                x[i, :m] = alg.augment(x[i, :m], y[i, :m], works[i].augment_gen, works[i].ctx)
         w = (torch.arange(b) < sizes[:n, t, None]).to(x.dtype)
         p_n = {k: v[:n] for k, v in params.items()}
         grads, value = step_fn(p_n, _slice_tree(buffers, bdims, n), x, y, w,
                                _slice_tree(ctx, cdims, n))
-        optim.step_(p_n, grads, {k: v[:n] for k, v in opt.items()}, s)
+        optim.step_({k: p_n[k] for k in trained}, grads, {k: v[:n] for k, v in opt.items()}, s)
         losses[:n] += value.detach().to(torch.float64)
     out_p = [{k: v[i].clone() for k, v in params.items()} for i in range(len(works))]
     bl, bspec = tree_flatten(buffers)
@@ -217,11 +237,12 @@ def train_vectorized(alg: Algorithm, model: ProtoNet, glob: Tensors, jobs: list[
     bmax = max(len(b) for w in works for b in w.batches)
     size = chunk_size(model, starts[0], data.x_train, bmax, s,
                       memory_budget() if budget is None else budget)
+    trained = trained_params(alg, model, works[0], starts[0])
     results: list[ClientResult | None] = [None] * len(jobs)
     for c in range(0, len(order), size):
         chunk = order[c:c + size]
         out_p, out_b, losses = _train_chunk(alg, model, [works[i] for i in chunk],
-                                            [starts[i] for i in chunk], data, s)
+                                            [starts[i] for i in chunk], data, s, trained)
         for j, i in enumerate(chunk):
             results[i] = finish_client(alg, model, glob, works[i], out_p[j], out_b[j],
                                        states[i], losses[j])
