@@ -288,3 +288,18 @@ def test_end_to_end_digits(tmp_path, per_class):
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in lines)
     assert "unused_prototypes" in lines[-1]
     assert json.loads((out / "summary.json").read_text())["algorithm"] == "fedproin"
+
+
+def test_augment_uses_client_class_counts():
+    alg = make(num_classes=2)
+    x = torch.rand(400, 1, 6, 6, generator=torch.Generator().manual_seed(0)) + 0.5
+    y = torch.tensor([0, 1] * 200)
+    ctx = {"class_counts": torch.tensor([30.0, 10.0])}  # p = 0 for class 0, 2/3 for class 1
+    out = alg.augment(x, y, torch.Generator().manual_seed(1), ctx)
+    changed = (out - x).flatten(1).abs().amax(1) > 1e-6
+    assert not changed[y == 0].any()
+    assert abs(float(changed[y == 1].float().mean()) - 2 / 3) < 0.08
+    off = make(num_classes=2, adaptive_augment=False)
+    assert off.augment(x, y, torch.Generator().manual_seed(1), ctx) is x
+    order = alg.epoch_order(torch.tensor([0, 0, 0, 1]), torch.Generator().manual_seed(0))
+    assert len(order) == 3 * 2  # class-balanced epoch: max_c n_c * C_local draws
