@@ -85,8 +85,7 @@ SUITES: dict[str, Suite] = {
                                                        "alpha": 0.5}},
          "digits-iid": {**FEDPROIN_DIGITS, "data": {**FEDPROIN_DIGITS["data"],
                                                     "partition": "iid"}}},
-        {"fedproin": {"algorithm": "fedproin", "algo": {"flips": False},
-                      "trainer": "sequential"},  # its augmentation needs the client context
+        {"fedproin": {"algorithm": "fedproin", "algo": {"flips": False}},  # digits: no flips
          **{name: {"algorithm": name} for name in ("fedavg", "fedprox", "moon", "fedproto",
                                                      "fedtgp", "fedplvm")}},
     ),
