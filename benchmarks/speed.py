@@ -1,0 +1,229 @@
+"""Per-round wall time and peak memory of one FedAvg workload trained four ways.
+
+    python benchmarks/speed.py            # full: 3 warm-up + 10 timed rounds per variant
+    python benchmarks/speed.py --quick    # 1 warm-up + 3 timed rounds (a few minutes)
+
+Variants (same model, clients, local steps, batch size, SGD learning rate):
+
+- ``vectorized``: protofl's vmap trainer (``engine/vectorized.py``) + FedAvg aggregation;
+- ``sequential``: protofl's reference trainer (``engine/train.py``);
+- ``loop``: a plain PyTorch loop as research code writes it: deepcopy the global model per
+  client, an optimizer per client, a DataLoader over a TensorDataset per client, then a
+  weighted average of the state dicts;
+- ``flower``: Flower's simulation engine (``flwr.simulation.run_simulation``, Ray backend, one
+  CPU per ClientApp actor) with a ServerApp running ``FedAvg`` and a ClientApp doing the same
+  local loop as ``loop``. Per-round time is measured on the server side: the strategy's
+  ``evaluate_fn`` runs before round 1 and after every round, so the gaps between its calls are
+  round times; Ray start-up happens before the first call and the warm-up rounds (actor
+  start-up, first imports) are dropped.
+
+Every process uses ``--threads`` torch threads (default 1, as Ray gives each one-CPU actor):
+on a small, shared CPU, OpenMP threads that outnumber the free cores spin and can make every
+variant many times slower. Each variant runs in a fresh subprocess; peak memory is the
+largest summed RSS of that process and all its descendants (Ray's processes for Flower),
+sampled every 50 ms.
+Reported figures are medians over the timed rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from memory import TreeSampler, now  # noqa: E402
+from workloads import LR, VARIANTS, WORKLOADS, clients_of, local_train, workload  # noqa: E402
+
+
+# ---- protofl ----
+def protofl_rounds(name: str, trainer_name: str, rounds: int) -> list[float]:
+    """Round times of protofl: sample all clients, train them, aggregate (no evaluation)."""
+    from protofl.algorithms.registry import make_algorithm
+    from protofl.engine.schedule import SAMPLE, STRAGGLE, assign_work, np_rng, sample_clients
+    from protofl.engine.train import LocalSetup, train_sequential
+    from protofl.engine.vectorized import train_vectorized
+
+    w = WORKLOADS[name]
+    data, make_model = workload(name)
+    torch.manual_seed(0)
+    model = make_model()
+    alg = make_algorithm("fedavg", {}, model, data.num_classes)
+    state = alg.init_state(model)
+    setup = LocalSetup(w["batch"], True, "sgd", LR, 0.0, 0.0, seed=0)
+    trainer = train_vectorized if trainer_name == "vectorized" else train_sequential
+    times = []
+    for t in range(1, rounds + 1):
+        start = now()
+        active = sample_clients(data.train_sizes, w["clients"], "uniform", np_rng(0, SAMPLE, t))
+        jobs = assign_work(active, w["steps"], 0.0, False, np_rng(0, STRAGGLE, t))
+        results = trainer(alg, model, alg.broadcast(state), jobs, data, {}, setup, t)
+        state, _ = alg.aggregate(state, [r.upload for r in results])
+        times.append(now() - start)
+    return times
+
+
+def loop_rounds(name: str, rounds: int) -> list[float]:
+    w = WORKLOADS[name]
+    _, make_model = workload(name)
+    clients = clients_of(name)
+    torch.manual_seed(0)
+    global_model = make_model()
+    times = []
+    for _ in range(rounds):
+        start = now()
+        states, sizes = [], []
+        for x, y in clients:
+            local = copy.deepcopy(global_model)
+            local_train(local, x, y, w["steps"], w["batch"])
+            states.append(local.state_dict())
+            sizes.append(len(y))
+        total = sum(sizes)
+        global_model.load_state_dict(
+            {k: sum(n * s[k] for n, s in zip(sizes, states)) / total for k in states[0]})
+        times.append(now() - start)
+    return times
+
+
+# ---- Flower ----
+def flower_rounds(name: str, rounds: int) -> list[float]:
+    import logging
+
+    from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp.strategy import FedAvg
+    from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
+    from flwr.simulation import run_simulation
+
+    w = WORKLOADS[name]
+    stamps: list[float] = []
+    replies: list[int] = []
+    client_app = ClientApp()
+
+    @client_app.train()
+    def train(msg: Message, context: Context) -> Message:
+        k = int(context.node_config["partition-id"])
+        x, y = clients_of(name)[k]
+        model = workload(name)[1]()
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        local_train(model, x, y, w["steps"], w["batch"])
+        content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                              "metrics": MetricRecord({"num-examples": len(y)})})
+        return Message(content=content, reply_to=msg)
+
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        torch.manual_seed(0)
+        model = workload(name)[1]()
+        def count_replies(records, key):  # every round must hear from every client
+            replies.append(len(records))
+            return aggregate_metricrecords(records, key)
+
+        strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0,
+                          min_train_nodes=w["clients"], min_available_nodes=w["clients"],
+                          train_metrics_aggr_fn=count_replies)
+
+        def stamp(server_round: int, arrays: ArrayRecord) -> None:
+            stamps.append(now())
+            return None
+
+        strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
+                       num_rounds=rounds, evaluate_fn=stamp)
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=w["clients"],
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                   "init_args": {"num_cpus": os.cpu_count(),
+                                                 "include_dashboard": False}})
+    if len(stamps) != rounds + 1 or replies != [w["clients"]] * rounds:
+        raise RuntimeError(f"flower: {len(stamps) - 1} rounds ran, replies per round {replies}")
+    return [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+def child(variant: str, name: str, warmup: int, rounds: int, threads: int) -> dict:
+    torch.set_num_threads(threads)
+    total = warmup + rounds
+    with TreeSampler() as mem:
+        if variant in ("vectorized", "sequential"):
+            times = protofl_rounds(name, variant, total)
+        elif variant == "loop":
+            times = loop_rounds(name, total)
+        else:
+            times = flower_rounds(name, total)
+    timed = times[warmup:]
+    return {"variant": variant, "workload": name, "times": timed,
+            "median": statistics.median(timed), "peak_rss": mem.peak}
+
+
+def run_child(variant: str, name: str, warmup: int, rounds: int, threads: int,
+              timeout: float) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", variant, name,
+           "--warmup", str(warmup), "--rounds", str(rounds), "--threads", str(threads)]
+    here = os.path.dirname(os.path.abspath(__file__))  # Ray's workers import workloads.py
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [here, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"variant": variant, "workload": name, "error": f"timed out after {timeout} s"}
+    for line in reversed(out.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    return {"variant": variant, "workload": name,
+            "error": (out.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="1 warm-up + 3 timed rounds")
+    ap.add_argument("--workloads", default="mlp,cnn")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--warmup", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads per process (default 1: see the module docstring)")
+    ap.add_argument("--child", nargs=2, metavar=("VARIANT", "WORKLOAD"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    warmup = a.warmup if a.warmup is not None else (1 if a.quick else 3)
+    rounds = a.rounds if a.rounds is not None else (3 if a.quick else 10)
+    if a.child:
+        print(json.dumps(child(*a.child, warmup, rounds, a.threads)), flush=True)
+        return
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, torch threads {a.threads} per "
+          f"process; {warmup} warm-up + {rounds} timed rounds; medians")
+    for name in a.workloads.split(","):
+        w = WORKLOADS[name]
+        print(f"\n== {w['title']}: {w['clients']} active clients x {w['steps']} local steps of "
+              f"batch {w['batch']}")
+        res = {}
+        for v in a.variants.split(","):
+            r = run_child(v, name, warmup, rounds, a.threads, timeout=900)
+            res[v] = r
+            if "error" in r:
+                print(f"{v:>10}: FAILED ({r['error']})", flush=True)
+            else:
+                print(f"{v:>10}: {r['median']:.4f} s/round (min {min(r['times']):.4f}, "
+                      f"max {max(r['times']):.4f}), peak RSS {r['peak_rss'] / 2**20:.0f} MiB",
+                      flush=True)
+        ours = res.get("vectorized")
+        if not ours or "error" in ours:
+            continue
+        for v, label in (("flower", "flower"), ("loop", "loop"), ("sequential", "sequential")):
+            other = res.get(v)
+            if other and "error" not in other:
+                ratio = other["median"] / ours["median"]
+                print(f"[{name}] vs {label}: protofl {ours['median']:.4f} s/round, other "
+                      f"{other['median']:.4f} s/round, ratio {ratio:.1f}")
+
+
+if __name__ == "__main__":
+    main()
