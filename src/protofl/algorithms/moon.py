@@ -6,7 +6,10 @@ where ``h`` is the projection-head output of the model being trained, ``h_g`` th
 received global model (frozen) and ``h_prev`` that of this client's model after its previous
 participation (the global model on a first participation, as MOON does). The projection head
 (a 2-layer MLP on the features z) is added to the model by ``wrap_model`` and is averaged with
-the rest of the weights (FedAvg aggregation).
+the rest of the weights (FedAvg aggregation). The classifier stays the model's own head on z
+(MOON's reference network puts its classifier after the projection; here the projection is a
+side branch so that z, the prototypes and every other metric mean the same as for the other
+algorithms).
 """
 
 from __future__ import annotations
