@@ -187,3 +187,11 @@ def test_not_vectorizable_algorithm_says_why():
     alg.vectorizable = False
     assert "vectorizable = False" in vectorized.vectorize_reason(alg, model)
     assert vectorized.vectorize_reason(make_algorithm("fedavg", {}, model, C), model) is None
+
+
+def test_auto_picks_vectorized_when_possible():
+    model = Mlp(5, C, hidden=(8, 6))
+    alg = make_algorithm("fedavg", {}, model, C)
+    trainer, name = select_trainer("auto", alg, model)
+    assert (trainer, name) == (vectorized.train_vectorized, "vectorized")
+    assert select_trainer("sequential", alg, model)[1] == "sequential"
