@@ -28,6 +28,7 @@ from flwr.app import Context, Message, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
+from protofl.algorithms.base import flatten  # noqa: E402
 from protofl.algorithms.registry import ALGORITHMS  # noqa: E402
 from protofl.config import Config, config_from_dict  # noqa: E402
 from protofl.engine.experiment import Experiment  # noqa: E402
@@ -130,6 +131,8 @@ def simulation_cases() -> dict[str, Config]:
     cases = {"fedavg": tiny("fedavg"), "fedmargin": tiny("fedmargin")}
     if "fedproin" in ALGORITHMS:
         cases["fedproin"] = tiny("fedproin")
+    if "fedproto" in ALGORITHMS:  # personalised: evaluated on the nodes
+        cases["fedproto"] = tiny("fedproto")
     cases["poison_one"] = tiny("fedmargin", seed=POISON_ONE)
     cases["poison_all"] = tiny("fedmargin", seed=POISON_ALL, rounds=1)
     return cases
@@ -154,6 +157,7 @@ def simulated(tmp_path_factory) -> dict:
     client = ClientApp()
     client.train()(_poisoning_train)
     client.query()(protofl_client.describe)
+    client.evaluate()(protofl_client.evaluate)
     start = time.monotonic()
     run_simulation(server, client, num_supernodes=CLIENTS,
                    backend_config={"client_resources": {"num_cpus": 1},
@@ -178,6 +182,22 @@ def test_flower_simulation_matches_engine(simulated, algorithm):
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["rounds"] == 2 and summary["trainer"] == "flower"
     assert 0.0 <= summary["accuracy"] <= 1.0
+
+
+def test_flower_simulation_personalized_evaluated_on_nodes(simulated):
+    if "fedproto" not in ALGORITHMS:
+        pytest.skip("fedproto is not registered in algorithms/registry.py yet")
+    cfg = simulated["cases"]["fedproto"]
+    ref = Experiment(cfg)
+    ref_summary = ref.run()
+    exp = simulated["fedproto"]
+    a, b = flatten(exp.state), flatten(ref.state)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-5)
+    summary = json.loads((simulated["root"] / "fedproto" / "summary.json").read_text())
+    for key in ("accuracy", "local_accuracy", "f1_macro"):
+        assert summary[key] == pytest.approx(ref_summary[key], abs=1e-6), key
 
 
 def test_flower_simulation_nan_reply_is_dropped_and_logged(simulated):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 
+import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -20,6 +21,7 @@ from protofl.engine.train import train_client
 from protofl.errors import ProtoflError
 from protofl.flower.records import tree_from_records, tree_to_records
 from protofl.flower.setup import build, check_partitions
+from protofl.metrics.federated import scores
 
 STATE = "protofl.client_state"  # + a digest of the run's config: one state per protofl run
 DATA_ROOT = "data-root"  # optional node-config key: this node's copy of the dataset files
@@ -45,6 +47,10 @@ def describe(msg: Message, context: Context) -> Message:
                                                      "num-partitions": n})}), reply_to=msg)
 
 
+def state_key(cfg_json: str) -> str:
+    return f"{STATE}.{hashlib.sha256(cfg_json.encode()).hexdigest()[:16]}"
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """One round of local training on this node's partition."""
@@ -56,7 +62,7 @@ def train(msg: Message, context: Context) -> Message:
     if client != pid:
         raise ProtoflError(f"flower: job for client {client} sent to partition {pid}")
     glob = tree_from_records(msg.content, "glob")
-    key = f"{STATE}.{hashlib.sha256(str(job['config']).encode()).hexdigest()[:16]}"
+    key = state_key(str(job["config"]))
     state = tree_from_records(context.state, key) if key in context.state else {}
     result = train_client(b.alg, b.model, glob,
                           Job(client, int(job["amount"]), bool(job["straggler"])), b.data,
@@ -68,3 +74,25 @@ def train(msg: Message, context: Context) -> Message:
                                        "num-examples": int(len(b.data.client_train(pid)[1]))})
     return Message(content, reply_to=msg)
 
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Personalised methods: predictions of this client's own model (the global weights if it
+    has none) on its local test split; only labels and predictions leave the node."""
+    job = msg.content.config_records["job"]
+    pid, _ = partition_of(context)
+    b = build(str(job["config"]), str(context.node_config.get(DATA_ROOT, "")))
+    server_state = tree_from_records(msg.content, "state")
+    key = state_key(str(job["config"]))
+    own = tree_from_records(context.state, key) if key in context.state else {}
+    params = own.get("params", server_state.get("params"))
+    buffers = own.get("buffers", server_state.get("buffers", {}))
+    x, y = b.data.client_test(pid)
+    out = {"y": y}
+    if params is not None and len(y):
+        out["pred"] = scores(b.alg, b.model, params, buffers, server_state, x,
+                             b.cfg.metrics.eval_batch).argmax(1)
+    else:
+        out["pred"] = torch.full_like(y, -1)  # no model yet: left out by the server
+    return Message(tree_to_records(out, "eval", RecordDict()), reply_to=msg)

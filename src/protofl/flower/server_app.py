@@ -8,8 +8,9 @@ into ``ClientResult``s. Every reply is checked with ``validate_upload``: a malfo
 logged with the node and the problem and left out; the round goes on with the rest, and a
 round with no valid reply keeps the previous global state (``Experiment.step``).
 
-Client-side state never reaches the server, so for personalised methods the server's
-evaluation uses the global weights for every client.
+Client-side state never reaches the server: for personalised methods each node predicts its
+own local test split with its own model and the server pools labels and predictions (the
+engine's figures, except training loss and gradient dissimilarity, which need the weights).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
@@ -33,6 +36,7 @@ from protofl.engine.train import ClientResult, LocalSetup
 from protofl.errors import ProtoflError
 from protofl.flower.records import tree_from_records, tree_to_records
 from protofl.flower.setup import OUT, check_partitions, config_from_run
+from protofl.metrics.classification import report
 
 log = logging.getLogger("protofl.flower")
 
@@ -40,6 +44,12 @@ ROUND_TIMEOUT = "round-timeout"  # seconds to wait for a round's replies
 NODE_WAIT = "node-wait"  # seconds to wait for every client's SuperNode to connect
 POLL_S = 0.2
 LOG_FILE = "flower.log"
+
+
+def short(reason: str) -> str:
+    """The last non-empty line of an error reply's reason (Ray wraps it in a traceback)."""
+    lines = [x.strip() for x in str(reason).splitlines() if x.strip()]
+    return (lines[-1] if lines else "unknown error")[:300]
 
 
 class FlowerExperiment(Experiment):
@@ -71,7 +81,7 @@ class FlowerExperiment(Experiment):
                 node = reply.metadata.src_node_id
                 if reply.has_error():
                     log.warning("node %s did not describe itself: %s", node,
-                                reply.error.reason)
+                                short(reply.error.reason))
                     continue
                 info = reply.content.config_records["node"]
                 check_partitions(int(info["num-partitions"]), self.data)
@@ -147,7 +157,7 @@ class FlowerExperiment(Experiment):
                 log.warning("round %d: reply from unexpected node %s ignored", rnd, node)
                 continue
             if reply.has_error():
-                self._reject(rnd, client, node, f"error reply: {reply.error.reason}")
+                self._reject(rnd, client, node, f"error reply: {short(reply.error.reason)}")
                 continue
             try:
                 upload = tree_from_records(reply.content, "upload")
@@ -166,6 +176,40 @@ class FlowerExperiment(Experiment):
     def _reject(self, rnd: int, client: int, node: int | None, why: str) -> None:
         log.warning("round %d: client %d (node %s) left out: %s", rnd, client, node, why)
         self.rejected.append({"round": rnd, "client": client, "node": node, "reason": why})
+
+    def evaluate(self) -> dict:
+        """The engine's evaluation; for personalised methods the clients' own models stay on
+        the nodes, so each node predicts its local test split and the server pools them."""
+        if not self.alg.personalized:
+            return super().evaluate()
+        content = tree_to_records(self.state, "state", RecordDict())
+        content["job"] = ConfigRecord({"round": self.round, "config": self.cfg_json})
+        msgs = [Message(RecordDict(dict(content)), dst_node_id=n, message_type="evaluate",
+                        group_id=f"eval{self.round}") for n in self.nodes.values()]
+        client_of = {n: k for k, n in self.nodes.items()}
+        got: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for reply in self._exchange(msgs, self.round_timeout):
+            node = reply.metadata.src_node_id
+            try:
+                if reply.has_error():
+                    raise ProtoflError(short(reply.error.reason))
+                ev = tree_from_records(reply.content, "eval")
+                y, pred = ev["y"].long(), ev["pred"].long()
+                if y.shape != pred.shape or y.dim() != 1:
+                    raise ProtoflError("labels and predictions differ in shape")
+            except (ProtoflError, KeyError) as e:
+                log.warning("evaluation: node %s left out: %s", node, e)
+                continue
+            if len(y) and bool((pred >= 0).all()):
+                got[client_of[node]] = (y, pred)
+        if not got:
+            return {}
+        ys = [got[k][0] for k in sorted(got)]
+        preds = [got[k][1] for k in sorted(got)]
+        out = report(torch.cat(ys).numpy(), torch.cat(preds).numpy(), self.data.num_classes)
+        out["local_accuracy"] = float(np.mean([float((p == y).float().mean())
+                                               for y, p in zip(ys, preds)]))
+        return out
 
     def step(self) -> dict:
         record = super().step()
