@@ -11,8 +11,10 @@ vectorized trainer (K' clients x 20 local steps of batch 10, no evaluation). Rep
 - ``s/round``: median wall time of the timed rounds (client sampling, training of the K'
   active clients, aggregation);
 - ``dataset``: bytes of the federation's tensors (every split, each storage once);
-- ``rounds peak - dataset``: peak RSS while the rounds run (the kernel's peak counter is
-  reset after loading, ``/proc/self/clear_refs``), minus the dataset;
+- ``rounds peak - dataset``: peak RSS while the rounds run, minus the dataset. After loading,
+  the heap pages glibc kept from the loader's freed temporaries are returned
+  (``malloc_trim(0)``) and the kernel's peak counter is reset (``/proc/self/clear_refs``);
+  RSS right after loading and after the trim are printed too;
 - ``overall peak - dataset``: the same over the whole process, including building the data
   (the generator's float64 draws and the per-client lists it concatenates).
 
@@ -48,6 +50,16 @@ def _reset_peak() -> bool:
         return False
 
 
+def _malloc_trim() -> None:
+    """Give glibc's freed heap pages (the loader's temporaries) back to the kernel."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def child(clients: int, per_round: int, warmup: int, rounds: int, threads: int) -> dict:
     import torch
 
@@ -72,6 +84,9 @@ def child(clients: int, per_round: int, warmup: int, rounds: int, threads: int) 
             seen.add(key)
             dataset += t.untyped_storage().nbytes()
     overall_before = _status("VmHWM")
+    rss_loaded = _status("VmRSS")
+    _malloc_trim()
+    rss_trimmed = _status("VmRSS")
     reset = _reset_peak()
     times = []
     for _ in range(warmup + rounds):
@@ -83,7 +98,8 @@ def child(clients: int, per_round: int, warmup: int, rounds: int, threads: int) 
             "load_s": load_s, "times": times[warmup:],
             "median": statistics.median(times[warmup:]), "dataset": dataset,
             "rounds_peak": _status("VmHWM") if reset else None,
-            "overall_peak": max(overall_before, _status("VmHWM")), "rss_now": _status("VmRSS")}
+            "overall_peak": max(overall_before, _status("VmHWM")), "rss_loaded": rss_loaded,
+            "rss_trimmed": rss_trimmed, "rss_end": _status("VmRSS")}
 
 
 def main() -> None:
@@ -120,7 +136,10 @@ def main() -> None:
             print(f"K={k:>6} K'={kp:>4}: {r['median']:.3f} s/round, {r['samples']:,} samples, "
                   f"dataset {r['dataset'] / mib:.0f} MiB, rounds peak - dataset {rounds_peak}, "
                   f"overall peak - dataset {(r['overall_peak'] - r['dataset']) / mib:.0f} MiB "
-                  f"(load {r['load_s']:.1f} s)", flush=True)
+                  f"(load {r['load_s']:.1f} s; RSS - dataset after load "
+                  f"{(r['rss_loaded'] - r['dataset']) / mib:.0f} MiB, after malloc_trim "
+                  f"{(r['rss_trimmed'] - r['dataset']) / mib:.0f} MiB, after the rounds "
+                  f"{(r['rss_end'] - r['dataset']) / mib:.0f} MiB)", flush=True)
 
 
 if __name__ == "__main__":
