@@ -1,7 +1,7 @@
 """Per-round wall time and peak memory of one FedAvg workload trained four ways.
 
     python benchmarks/speed.py            # full: 3 warm-up + 10 timed rounds per variant
-    python benchmarks/speed.py --quick    # 1 warm-up + 3 timed rounds (a few minutes)
+    python benchmarks/speed.py --quick    # 1 warm-up + 3 timed rounds; CNN: 5 local steps
 
 Variants (same model, clients, local steps, batch size, SGD learning rate):
 
@@ -19,9 +19,11 @@ Variants (same model, clients, local steps, batch size, SGD learning rate):
 
 Every process uses ``--threads`` torch threads (default 1, as Ray gives each one-CPU actor):
 on a small, shared CPU, OpenMP threads that outnumber the free cores spin and can make every
-variant many times slower. Each variant runs in a fresh subprocess; peak memory is the
-largest summed RSS of that process and all its descendants (Ray's processes for Flower),
-sampled every 50 ms.
+variant many times slower. The in-process variants are timed in ONE subprocess, one round
+of each in turn (so load changes on a shared machine hit them alike); Flower runs in its own.
+Peak memory is measured per variant in a fresh subprocess (1 warm-up + 1 round; Flower: its
+timing run): the largest summed RSS of that process and all its descendants (Ray's processes
+for Flower), sampled every 50 ms.
 Reported figures are medians over the timed rounds.
 """
 
@@ -34,6 +36,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import torch
 
@@ -41,9 +44,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from memory import TreeSampler, now  # noqa: E402
 from workloads import LR, VARIANTS, WORKLOADS, clients_of, local_train, workload  # noqa: E402
 
+QUICK_STEPS = {"cnn": 5}  # --quick: the CNN does 5 local steps instead of 20 (CPU time)
+
 
 # ---- protofl ----
-def protofl_rounds(name: str, trainer_name: str, rounds: int) -> list[float]:
+def protofl_rounds(name: str, trainer_name: str) -> Iterator[float]:
     """Round times of protofl: sample all clients, train them, aggregate (no evaluation)."""
     from protofl.algorithms.registry import make_algorithm
     from protofl.engine.schedule import SAMPLE, STRAGGLE, assign_work, np_rng, sample_clients
@@ -58,25 +63,24 @@ def protofl_rounds(name: str, trainer_name: str, rounds: int) -> list[float]:
     state = alg.init_state(model)
     setup = LocalSetup(w["batch"], True, "sgd", LR, 0.0, 0.0, seed=0)
     trainer = train_vectorized if trainer_name == "vectorized" else train_sequential
-    times = []
-    for t in range(1, rounds + 1):
+    t = 0
+    while True:
+        t += 1
         start = now()
         active = sample_clients(data.train_sizes, w["clients"], "uniform", np_rng(0, SAMPLE, t))
         jobs = assign_work(active, w["steps"], 0.0, False, np_rng(0, STRAGGLE, t))
         results = trainer(alg, model, alg.broadcast(state), jobs, data, {}, setup, t)
         state, _ = alg.aggregate(state, [r.upload for r in results])
-        times.append(now() - start)
-    return times
+        yield now() - start
 
 
-def loop_rounds(name: str, rounds: int) -> list[float]:
+def loop_rounds(name: str) -> Iterator[float]:
     w = WORKLOADS[name]
     _, make_model = workload(name)
     clients = clients_of(name)
     torch.manual_seed(0)
     global_model = make_model()
-    times = []
-    for _ in range(rounds):
+    while True:
         start = now()
         states, sizes = [], []
         for x, y in clients:
@@ -87,8 +91,7 @@ def loop_rounds(name: str, rounds: int) -> list[float]:
         total = sum(sizes)
         global_model.load_state_dict(
             {k: sum(n * s[k] for n, s in zip(sizes, states)) / total for k in states[0]})
-        times.append(now() - start)
-    return times
+        yield now() - start
 
 
 # ---- Flower ----
@@ -150,24 +153,30 @@ def flower_rounds(name: str, rounds: int) -> list[float]:
 
 
 def child(variant: str, name: str, warmup: int, rounds: int, threads: int) -> dict:
+    """Round times of one variant, or of several in-process ones (``a+b+c``) run round by
+    round in turn, so that a change in the machine's load hits them alike."""
     torch.set_num_threads(threads)
     total = warmup + rounds
     with TreeSampler() as mem:
-        if variant in ("vectorized", "sequential"):
-            times = protofl_rounds(name, variant, total)
-        elif variant == "loop":
-            times = loop_rounds(name, total)
+        if variant == "flower":
+            times = {variant: flower_rounds(name, total)}
         else:
-            times = flower_rounds(name, total)
-    timed = times[warmup:]
+            runs = {v: protofl_rounds(name, v) if v != "loop" else loop_rounds(name)
+                    for v in variant.split("+")}
+            times = {v: [] for v in runs}
+            for _ in range(total):
+                for v, run in runs.items():
+                    times[v].append(next(run))
+    timed = {v: t[warmup:] for v, t in times.items()}
     return {"variant": variant, "workload": name, "times": timed,
-            "median": statistics.median(timed), "peak_rss": mem.peak}
+            "median": {v: statistics.median(t) for v, t in timed.items()}, "peak_rss": mem.peak}
 
 
 def run_child(variant: str, name: str, warmup: int, rounds: int, threads: int,
-              timeout: float) -> dict:
+              timeout: float, steps: int) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", variant, name,
-           "--warmup", str(warmup), "--rounds", str(rounds), "--threads", str(threads)]
+           "--warmup", str(warmup), "--rounds", str(rounds), "--threads", str(threads),
+           "--steps", str(steps)]
     here = os.path.dirname(os.path.abspath(__file__))  # Ray's workers import workloads.py
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [here, *filter(None, [os.environ.get("PYTHONPATH")])])}
@@ -191,23 +200,43 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads per process (default 1: see the module docstring)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="local steps per client (default: the workload's; --quick: 5 for cnn)")
     ap.add_argument("--child", nargs=2, metavar=("VARIANT", "WORKLOAD"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     warmup = a.warmup if a.warmup is not None else (1 if a.quick else 3)
     rounds = a.rounds if a.rounds is not None else (3 if a.quick else 10)
     if a.child:
+        WORKLOADS[a.child[1]]["steps"] = a.steps
         print(json.dumps(child(*a.child, warmup, rounds, a.threads)), flush=True)
         return
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, torch threads {a.threads} per "
           f"process; {warmup} warm-up + {rounds} timed rounds; medians")
     for name in a.workloads.split(","):
         w = WORKLOADS[name]
+        w["steps"] = a.steps or (QUICK_STEPS.get(name, w["steps"]) if a.quick else w["steps"])
         print(f"\n== {w['title']}: {w['clients']} active clients x {w['steps']} local steps of "
               f"batch {w['batch']}")
         res = {}
-        for v in a.variants.split(","):
-            r = run_child(v, name, warmup, rounds, a.threads, timeout=900)
-            res[v] = r
+        wanted = a.variants.split(",")
+        local = [v for v in wanted if v != "flower"]
+        if local:  # timing: in turn, in one process; memory: one process per variant
+            both = run_child("+".join(local), name, warmup, rounds, a.threads, timeout=1800,
+                             steps=w["steps"])
+            for v in local:
+                mem = run_child(v, name, 1, 1, a.threads, timeout=900, steps=w["steps"])
+                if "error" in both or "error" in mem:
+                    res[v] = {"error": both.get("error") or mem.get("error")}
+                else:
+                    res[v] = {"times": both["times"][v], "median": both["median"][v],
+                              "peak_rss": mem["peak_rss"]}
+        if "flower" in wanted:
+            r = run_child("flower", name, warmup, rounds, a.threads, timeout=900, steps=w["steps"])
+            res["flower"] = r if "error" in r else {
+                "times": r["times"]["flower"], "median": r["median"]["flower"],
+                "peak_rss": r["peak_rss"]}
+        for v in wanted:
+            r = res[v]
             if "error" in r:
                 print(f"{v:>10}: FAILED ({r['error']})", flush=True)
             else:
