@@ -195,3 +195,25 @@ def test_auto_picks_vectorized_when_possible():
     trainer, name = select_trainer("auto", alg, model)
     assert (trainer, name) == (vectorized.train_vectorized, "vectorized")
     assert select_trainer("sequential", alg, model)[1] == "sequential"
+
+
+def test_unstackable_context_falls_back(float64, caplog, monkeypatch):
+    """A context whose tensors differ in shape between clients cannot be stacked: the round is
+    trained sequentially, with the reason logged."""
+    from protofl.algorithms.fedavg import FedAvg
+
+    class SizedContext(FedAvg):
+        def client_begin(self, model, glob, client_state, x, y):
+            return {"ones": torch.ones(len(y))}
+
+    monkeypatch.setattr(vectorized, "_logged", set())
+    data = federation()
+    model = Mlp(5, C, hidden=(8, 6))
+    alg = SizedContext({}, model, C)
+    glob = alg.broadcast(alg.init_state(model))
+    jobs = [Job(0, 2), Job(1, 2)]
+    s = SETUPS["sgd-momentum-steps"]
+    with caplog.at_level(logging.INFO, logger="protofl"):
+        vec = vectorized.train_vectorized(alg, model, glob, jobs, data, {}, s, 1)
+    assert any("differ in shape" in r.getMessage() for r in caplog.records)
+    assert_results_equal(train_sequential(alg, model, glob, jobs, data, {}, s, 1), vec)

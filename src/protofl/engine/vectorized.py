@@ -113,10 +113,11 @@ def trained_params(alg: Algorithm, model: ProtoNet, work: ClientWork, start: Ten
     return [k for k, g in zip(params, grads) if g is not None]
 
 
-def _stack_tree(trees: list[Any]) -> tuple[Any, Any]:
+def _stack_tree(trees: list[Any], check_only: bool = False) -> tuple[Any, Any]:
     """Stack same-structured pytrees leaf by leaf; a leaf that is the very same object (or an
     equal non-tensor) in every tree is shared (``in_dims`` None) instead of copied.
-    Returns ``(stacked tree, in_dims tree)``; raises ValueError if the trees disagree."""
+    Returns ``(stacked tree, in_dims tree)`` (with ``check_only``, the first tree instead of
+    the stack); raises ValueError if the trees disagree."""
     flats = [tree_flatten(t) for t in trees]
     spec = flats[0][1]
     if any(f[1] != spec for f in flats):
@@ -132,7 +133,7 @@ def _stack_tree(trees: list[Any]) -> tuple[Any, Any]:
         else:
             if any(c.shape != first.shape for c in column):
                 raise ValueError("client context tensors differ in shape")
-            leaves.append(torch.stack(column))
+            leaves.append(first if check_only else torch.stack(column))
             dims.append(0)
     return tree_unflatten(leaves, spec), tree_unflatten(dims, spec)
 
@@ -227,7 +228,7 @@ def train_vectorized(alg: Algorithm, model: ProtoNet, glob: Tensors, jobs: list[
                  for j, st in zip(jobs, states)]
         starts = [alg.local_start(glob, st) for st in states]
         try:
-            _stack_tree([w.ctx for w in works])
+            _stack_tree([w.ctx for w in works], check_only=True)
         except ValueError as e:
             reason = f"{alg.name}: {e}"
     if reason is not None:
