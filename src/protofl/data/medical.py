@@ -56,6 +56,15 @@ def _federate(name: str, classes: tuple[str, ...], x: torch.Tensor, y: np.ndarra
                           list(classes))
 
 
+def _federate_images(name: str, classes: list[str], paths: list[Path], y: np.ndarray,
+                     test: np.ndarray, cfg: DataConfig) -> FederatedData:
+    """Read the images (RGB, resized) and federate the pool; ``test`` marks the global test."""
+    size = cfg.image_size or MEDICAL_SIZE
+    x_pool = read_images([p for p, t in zip(paths, test) if not t], size, "RGB")
+    x_test = read_images([p for p, t in zip(paths, test) if t], size, "RGB")
+    return _federate(name, classes, x_pool, y[~test], x_test, y[test], cfg)
+
+
 def group_split(groups: np.ndarray, fraction: float, seed: int) -> np.ndarray:
     """A boolean test mask holding whole groups: groups are shuffled (seeded) and taken into
     the test set while it stays within ``fraction`` of the rows (at least one group)."""
@@ -145,10 +154,7 @@ def ham10000_federation(cfg: DataConfig) -> FederatedData:
     y = y[keep]
     paths = [files[images[i]] for i in keep]
     test = group_split(lesion_arr, TEST_FRACTION, cfg.seed)
-    size = cfg.image_size or MEDICAL_SIZE
-    x_pool = read_images([p for p, t in zip(paths, test) if not t], size, "RGB")
-    x_test = read_images([p for p, t in zip(paths, test) if t], size, "RGB")
-    return _federate("ham10000", HAM_CLASSES, x_pool, y[~test], x_test, y[test], cfg)
+    return _federate_images("ham10000", HAM_CLASSES, paths, y, test, cfg)
 
 
 # ---------------------------------------------------------------- Matek-19
@@ -187,10 +193,7 @@ def matek19_federation(cfg: DataConfig) -> FederatedData:
     paths = [paths[i] for i in keep]
     y = np.asarray(labels, dtype=np.int64)[keep]
     test = stratified_split(y, TEST_FRACTION, cfg.seed)
-    size = cfg.image_size or MEDICAL_SIZE
-    x_pool = read_images([p for p, t in zip(paths, test) if not t], size, "RGB")
-    x_test = read_images([p for p, t in zip(paths, test) if t], size, "RGB")
-    return _federate("matek19", MATEK_CLASSES, x_pool, y[~test], x_test, y[test], cfg)
+    return _federate_images("matek19", MATEK_CLASSES, paths, y, test, cfg)
 
 
 # ---------------------------------------------------------------- MedMNIST

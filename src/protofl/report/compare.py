@@ -40,11 +40,22 @@ def label(run: dict) -> str:
     return run["summary"]["algorithm"] + (f"[{extra}]" if extra else "")
 
 
+def dataset_label(run: dict) -> str:
+    """The dataset with its partition, so IID and non-IID runs are never pooled."""
+    data = run["config"].get("data", {})
+    scheme = data.get("partition")
+    if not scheme:
+        return run["summary"]["dataset"]
+    detail = {"dirichlet": f" α={data.get('alpha')}", "dirichlet_powerlaw":
+              f" α={data.get('alpha')}", "classes": f" k={data.get('classes_per_client')}"}
+    return f"{run['summary']['dataset']} ({scheme}{detail.get(scheme, '')})"
+
+
 def table(runs: list[dict]) -> tuple[str, dict]:
     """A Markdown table per dataset (rows: algorithms) and the numbers behind it."""
     by_ds: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
-        by_ds[r["summary"]["dataset"]][label(r)].append(r["summary"])
+        by_ds[dataset_label(r)][label(r)].append(r["summary"])
     lines, data = [], {}
     for ds, algs in by_ds.items():
         cols = [c for c in COLUMNS if any(s.get(c) is not None for v in algs.values() for s in v)]
@@ -80,7 +91,7 @@ def compare(folders: list[Path], out: Path | None = None) -> str:
         runfolder.write_json(out.with_suffix(".json"), data)
         by_ds: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
         for r in runs:
-            by_ds[r["summary"]["dataset"]][label(r)].append(r["rows"])
+            by_ds[dataset_label(r)][label(r)].append(r["rows"])
         for ds, groups in by_ds.items():
             safe = "".join(ch if ch.isalnum() else "_" for ch in ds).strip("_")
             plot_groups(groups, out.with_name(f"{out.stem}_{safe}.png"), ds)
