@@ -93,6 +93,6 @@ def compare(folders: list[Path], out: Path | None = None) -> str:
         for r in runs:
             by_ds[dataset_label(r)][label(r)].append(r["rows"])
         for ds, groups in by_ds.items():
-            safe = "".join(ch if ch.isalnum() else "_" for ch in ds).strip("_")
+            safe = "".join(ch if ch.isascii() and ch.isalnum() else "_" for ch in ds).strip("_")
             plot_groups(groups, out.with_name(f"{out.stem}_{safe}.png"), ds)
     return text

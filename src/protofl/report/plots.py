@@ -77,11 +77,13 @@ def plot_groups(groups: dict[str, list[list[dict]]], path: Path, title: str = ""
     """One line per group (e.g. an algorithm), mean over its runs, shaded ±1 std."""
     fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.4))
     for ax, (key, label) in zip(axes, CURVES):
+        drawn = False
         for name, runs in groups.items():
             curves = [series(rows, key) for rows in runs]
             curves = [c for c in curves if len(c[0])]
             if not curves:
                 continue
+            drawn = True
             n = min(len(c[0]) for c in curves)
             x = curves[0][0][:n]
             ys = np.stack([c[1][:n] for c in curves])
@@ -90,7 +92,9 @@ def plot_groups(groups: dict[str, list[list[dict]]], path: Path, title: str = ""
             ax.fill_between(x, mean - std, mean + std, alpha=0.2)
         ax.set_title(label)
         ax.set_xlabel("round")
-        if key == "dissimilarity":
+        if not drawn:
+            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
+        elif key == "dissimilarity":
             ax.set_yscale("log")
     axes[0].legend(fontsize=8)
     if title:
