@@ -37,3 +37,13 @@ def test_federation_split_90_10_and_seeded():
     n_tr, n_te = a.train_sizes, np.diff(a.test_offsets)
     assert np.allclose(n_te / (n_tr + n_te), 0.1, atol=0.02)
     assert len(a.x_test) == len(a.x_local_test)
+
+
+def test_federation_holds_exactly_the_generated_samples():
+    xs, ys = generate_synthetic(1, 1, num_clients=6, seed=2)
+    data = synthetic_federation(num_clients=6, seed=2)
+    for k in range(6):
+        x_tr, y_tr = data.client_train(k)
+        x_te, y_te = data.client_test(k)
+        assert np.array_equal(np.concatenate([x_te.numpy(), x_tr.numpy()]), xs[k])
+        assert np.array_equal(np.concatenate([y_te.numpy(), y_tr.numpy()]), ys[k])

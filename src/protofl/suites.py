@@ -55,6 +55,15 @@ SUITES: dict[str, Suite] = {
         {"fedavg": {"algorithm": "fedavg"}, "fedprox": {"algorithm": "fedprox"},
          "fedatt": {"algorithm": "fedatt"}, "fedmargin": {"algorithm": "fedmargin"}},
     ),
+    "fedmargin-options": Suite(
+        "fedmargin's reconstruction alternatives (ALGORITHMS.md) on the main job's data, 3 seeds",
+        {"synthetic": SYNTHETIC, "digits-noniid": DIGITS_NONIID},
+        {"default": {"algorithm": "fedmargin"},
+         "reduce-mean": {"algorithm": "fedmargin", "algo": {"reduce": "mean"}},
+         "combine-product": {"algorithm": "fedmargin", "algo": {"combine": "product"}},
+         "normalize-channel": {"algorithm": "fedmargin", "algo": {"normalize": "channel"}},
+         "distance-cosine": {"algorithm": "fedmargin", "algo": {"distance": "cosine"}}},
+    ),
     "fedmargin-ablation": Suite(
         "the seed's Table 3: every ablation row of fedmargin on Synthetic(1,1), 3 seeds",
         {"synthetic": SYNTHETIC},

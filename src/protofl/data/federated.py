@@ -91,6 +91,15 @@ def _describe(v: np.ndarray) -> dict:
             "max": int(v.max())}
 
 
+def local_test_size(n: int, fraction: float) -> int:
+    """Samples of a client of size ``n`` kept for its local test split: ``round(fraction n)``,
+    at least one when ``fraction > 0``, and never all of them."""
+    k = int(round(fraction * n))
+    if n > 1:
+        k = min(max(k, 1 if fraction > 0 else 0), n - 1)
+    return k
+
+
 def from_client_lists(
     name: str,
     num_classes: int,
@@ -134,9 +143,7 @@ def from_partition(
     train, test = [], []
     for p in parts:
         p = rng.permutation(np.asarray(p, dtype=np.int64))
-        n_test = int(round(local_test_fraction * len(p)))
-        if len(p) > 1:
-            n_test = min(max(n_test, 1 if local_test_fraction > 0 else 0), len(p) - 1)
+        n_test = local_test_size(len(p), local_test_fraction)
         test.append(p[:n_test])
         train.append(p[n_test:])
     train_offsets = np.concatenate([[0], np.cumsum([len(i) for i in train])])

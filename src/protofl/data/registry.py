@@ -50,7 +50,7 @@ def _synthetic(cfg: DataConfig) -> FederatedData:
     from protofl.data.synthetic import synthetic_federation
 
     return synthetic_federation(cfg.synthetic_alpha, cfg.synthetic_beta,
-                                cfg.num_clients or 30, cfg.seed)
+                                cfg.num_clients or 30, cfg.seed, cfg.local_test_fraction)
 
 
 def dataset_spec(name: str) -> DatasetSpec:
