@@ -150,7 +150,7 @@ def simulated(tmp_path_factory) -> dict:
     @server.main()
     def main(grid: Grid, context: Context) -> None:
         for name, cfg in cases.items():
-            done[name] = run_on_grid(cfg, grid, root / name, round_timeout=120, node_wait=60)
+            done[name] = run_on_grid(cfg, grid, root / name, round_timeout=600, node_wait=300)
 
     client = ClientApp()
     client.train()(_poisoning_train)

@@ -57,3 +57,13 @@ def test_amm_by_hand():
     server = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
     amm = aggregate_mean_margin(server[None], torch.tensor([[2.0, 3.0]]), server)
     assert amm == pytest.approx(np.sqrt(2), rel=1e-6)
+
+
+def test_client_figures_by_hand():
+    from protofl.metrics.federated import client_figures
+    preds = {0: (torch.tensor([0, 1, 1, 1]), torch.tensor([0, 1, 0, 0])),  # 2/4 right
+             3: (torch.tensor([2, 2]), torch.tensor([2, 2]))}  # 2/2 right
+    out = client_figures(preds, 3, pooled=False)
+    assert out == {"local_accuracy": 0.75, "client_accuracy": {"0": 0.5, "3": 1.0}}
+    pooled = client_figures(preds, 3, pooled=True)
+    assert pooled["accuracy"] == pytest.approx(4 / 6) and pooled["local_accuracy"] == 0.75

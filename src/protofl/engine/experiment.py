@@ -127,24 +127,11 @@ class Experiment:
         model on its own test split, pooled)."""
         cfg, data, alg, state = self.cfg, self.data, self.alg, self.state
         batch = cfg.metrics.eval_batch
-        if alg.personalized:
-            ys, preds = [], []
-            for k in range(data.num_clients):
-                x, y = data.client_test(k)
-                own = self.client_states.get(k, {})
-                params, buffers = own.get("params", state.get("params")), own.get(
-                    "buffers", state.get("buffers"))
-                if len(y) and params is not None:
-                    preds.append(fm.scores(alg, self.model, params, buffers, state, x,
-                                           batch).argmax(1))
-                    ys.append(y)
-            from protofl.metrics.classification import report
-            out = report(torch.cat(ys).numpy(), torch.cat(preds).numpy(), data.num_classes)
-        else:
-            out = fm.evaluate(alg, self.model, state["params"], state["buffers"], state,
-                              data.x_test, data.y_test, data.num_classes, batch)
-        out["local_accuracy"] = fm.local_accuracy(alg, self.model, state, data,
-                                                  self.client_states, batch)
+        preds = fm.client_predictions(alg, self.model, state, data, self.client_states, batch)
+        out = {} if alg.personalized else fm.evaluate(
+            alg, self.model, state["params"], state["buffers"], state, data.x_test, data.y_test,
+            data.num_classes, batch)
+        out.update(fm.client_figures(preds, data.num_classes, pooled=alg.personalized))
         if "params" in state:
             out["train_loss"] = fm.train_loss(alg, self.model, state, data,
                                               cfg.metrics.train_loss_samples, cfg.seed, batch)

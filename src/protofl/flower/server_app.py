@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
@@ -36,7 +35,7 @@ from protofl.engine.train import ClientResult, LocalSetup
 from protofl.errors import ProtoflError
 from protofl.flower.records import tree_from_records, tree_to_records
 from protofl.flower.setup import OUT, check_partitions, config_from_run
-from protofl.metrics.classification import report
+from protofl.metrics.federated import client_figures
 
 log = logging.getLogger("protofl.flower")
 
@@ -204,12 +203,7 @@ class FlowerExperiment(Experiment):
                 got[client_of[node]] = (y, pred)
         if not got:
             return {}
-        ys = [got[k][0] for k in sorted(got)]
-        preds = [got[k][1] for k in sorted(got)]
-        out = report(torch.cat(ys).numpy(), torch.cat(preds).numpy(), self.data.num_classes)
-        out["local_accuracy"] = float(np.mean([float((p == y).float().mean())
-                                               for y, p in zip(ys, preds)]))
-        return out
+        return client_figures(got, self.data.num_classes, pooled=True)
 
     def step(self) -> dict:
         record = super().step()

@@ -35,23 +35,37 @@ def evaluate(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors,
     return out
 
 
-def local_accuracy(alg: Algorithm, model: ProtoNet, state: Tensors, data: FederatedData,
-                   client_states: dict[int, Tensors], batch: int = 2048) -> float:
-    """Mean over clients of accuracy on their own local test split (personalised methods use
-    each client's own weights where it has them)."""
-    accs = []
+def client_predictions(alg: Algorithm, model: ProtoNet, state: Tensors, data: FederatedData,
+                       client_states: dict[int, Tensors], batch: int = 2048
+                       ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """``client -> (labels, predictions)`` on each client's own local test split, with the
+    aggregate model, or (personalised methods) the client's own where it has one."""
+    out = {}
     for k in range(data.num_clients):
         x, y = data.client_test(k)
-        if len(y) == 0:
-            continue
         own = client_states.get(k, {}) if alg.personalized else {}
         params = own.get("params", state.get("params"))
-        buffers = own.get("buffers", state.get("buffers"))
-        if params is None:  # a personalised client that has not trained yet
+        if len(y) == 0 or params is None:  # a personalised client that has not trained yet
             continue
-        s = scores(alg, model, params, buffers, state, x, batch)
-        accs.append(float((s.argmax(1) == y).float().mean()))
-    return float(np.mean(accs)) if accs else float("nan")
+        buffers = own.get("buffers", state.get("buffers"))
+        out[k] = (y, scores(alg, model, params, buffers, state, x, batch).argmax(1))
+    return out
+
+
+def client_figures(preds: dict[int, tuple[torch.Tensor, torch.Tensor]], num_classes: int,
+                   pooled: bool) -> dict:
+    """``local_accuracy`` (mean over clients) and ``client_accuracy`` (per client, by id);
+    with ``pooled``, also the classification report of all clients' predictions together
+    (how personalised methods are scored)."""
+    if not preds:
+        return {}
+    ks = sorted(preds)
+    accs = [float((preds[k][1] == preds[k][0]).float().mean()) for k in ks]
+    out = report(torch.cat([preds[k][0] for k in ks]).numpy(),
+                 torch.cat([preds[k][1] for k in ks]).numpy(), num_classes) if pooled else {}
+    out["local_accuracy"] = float(np.mean(accs))
+    out["client_accuracy"] = dict(zip(map(str, ks), accs))
+    return out
 
 
 def train_loss(alg: Algorithm, model: ProtoNet, state: Tensors, data: FederatedData,
