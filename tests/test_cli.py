@@ -119,3 +119,21 @@ def test_stats_command(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "20 clients" in out and "clients holding n classes: 2: 20" in out
     assert (tmp_path / "stats.png").exists()
+
+
+def test_fedmargin_weights_plot_amm_correlation_and_tsne(tmp_path, capsys):
+    import numpy as np
+
+    for seed in (0, 1, 2):
+        assert main(["run", "-q", "--out", str(tmp_path / "runs" / f"m{seed}"), "--seed",
+                     str(seed), *TINY]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "runs"), "--out", str(tmp_path / "t.md")]) == 0
+    out = capsys.readouterr().out
+    sums = [json.loads((tmp_path / "runs" / f"m{s}" / "summary.json").read_text())
+            for s in (0, 1, 2)]
+    rho = np.corrcoef([s["amm"] for s in sums], [s["accuracy"] for s in sums])[0, 1]
+    assert f"Pearson rho(final AMM, accuracy) = {rho:.2f}" in out
+    assert list(tmp_path.glob("t_*_weights.png"))
+    assert main(["tsne", str(tmp_path / "runs" / "m0"), "--samples", "60"]) == 0
+    assert (tmp_path / "runs" / "m0" / "tsne.png").exists()

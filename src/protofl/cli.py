@@ -128,6 +128,13 @@ def cmd_stats(args) -> int:
     return 0
 
 
+def cmd_tsne(args) -> int:
+    from protofl.report.tsne import tsne_plot
+
+    print(tsne_plot(Path(args.dir), args.samples))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="protofl", description="Prototype-guided federated learning. " + NAMES_NOTE)
     p.add_argument("-v", "--verbose", action="store_true", help="log more")
@@ -174,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     config_args(q, with_out=False)
     q.add_argument("--out", help="folder for stats.json and stats.png")
     q.set_defaults(func=cmd_stats)
+
+    q = sub.add_parser("tsne", help="t-SNE of a run's final features per class (Fig. S3)")
+    q.add_argument("dir", help="a run folder with checkpoint.pt")
+    q.add_argument("--samples", type=int, default=1000, help="global-test samples to embed")
+    q.set_defaults(func=cmd_tsne)
     return p
 
 

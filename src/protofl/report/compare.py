@@ -10,7 +10,7 @@ import numpy as np
 
 from protofl.engine import runfolder
 from protofl.errors import ProtoflError
-from protofl.report.plots import plot_groups
+from protofl.report.plots import plot_groups, plot_weights
 
 COLUMNS = ("accuracy", "balanced_accuracy", "f1_weighted", "local_accuracy", "train_loss",
            "dissimilarity", "amm", "seconds")
@@ -78,12 +78,33 @@ def table(runs: list[dict]) -> tuple[str, dict]:
     return "\n".join(lines), data
 
 
+def amm_correlation(runs: list[dict]) -> str:
+    """Pearson's rho between final AMM and accuracy across runs, per dataset (the seed's
+    Table 4 claim), when at least three runs have both."""
+    from scipy.stats import pearsonr
+
+    by_ds: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in runs:
+        s = r["summary"]
+        if s.get("amm") is not None and s.get("accuracy") is not None:
+            by_ds[dataset_label(r)].append((s["amm"], s["accuracy"]))
+    lines = []
+    for ds, pairs in by_ds.items():
+        a, b = np.array(pairs).T
+        if len(pairs) >= 3 and a.std() > 0 and b.std() > 0:
+            rho, p = pearsonr(a, b)
+            lines.append(f"{ds}: Pearson rho(final AMM, accuracy) = {rho:.2f} "
+                         f"(p = {p:.2g}, {len(pairs)} runs)")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
 def compare(folders: list[Path], out: Path | None = None) -> str:
     """Write ``out`` (Markdown table), ``out``.json and one curves PNG per dataset."""
     runs = load_runs(folders)
     if not runs:
         raise ProtoflError("compare needs at least one run folder")
     text, data = table(runs)
+    text += amm_correlation(runs)
     if out is not None:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -95,4 +116,5 @@ def compare(folders: list[Path], out: Path | None = None) -> str:
         for ds, groups in by_ds.items():
             safe = "".join(ch if ch.isascii() and ch.isalnum() else "_" for ch in ds).strip("_")
             plot_groups(groups, out.with_name(f"{out.stem}_{safe}.png"), ds)
+            plot_weights(groups, out.with_name(f"{out.stem}_{safe}_weights.png"), ds)
     return text

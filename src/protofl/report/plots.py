@@ -102,3 +102,35 @@ def plot_groups(groups: dict[str, list[list[dict]]], path: Path, title: str = ""
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_weights(groups: dict[str, list[list[dict]]], path: Path, title: str = "") -> None:
+    """The seed's Fig. S2: the distribution of aggregation weights a[k] (scaled by K', so 1 is
+    uniform) against FedAvg's n_k / sum n, for runs that log both. Nothing when none does."""
+    hists = {}
+    for name, runs in groups.items():
+        a, f = [], []
+        for rows in runs:
+            for r in rows:
+                if r.get("weights") and r.get("fedavg_weights"):
+                    k = len(r["weights"])
+                    a += [w * k for w in r["weights"]]
+                    f += [w * k for w in r["fedavg_weights"]]
+        if a:
+            hists[name] = (np.asarray(a), np.asarray(f))
+    if not hists:
+        return
+    fig, axes = plt.subplots(1, len(hists), figsize=(4.5 * len(hists), 3.4), squeeze=False)
+    for ax, (name, (a, f)) in zip(axes[0], hists.items()):
+        bins = np.linspace(0, max(a.max(), f.max()) * 1.05, 40)
+        ax.hist(f, bins=bins, alpha=0.5, label="FedAvg n_k / sum n")
+        ax.hist(a, bins=bins, alpha=0.5, label=f"{name} a[k]")
+        ax.axvline(1.0, color="k", lw=0.8, ls="--")
+        ax.set_xlabel("weight x K' (1 = uniform)")
+        ax.set_ylabel("client-rounds")
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(f"{title}: aggregation weights")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
