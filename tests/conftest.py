@@ -7,3 +7,21 @@ def _one_thread():
     """Tests are tiny: one intra-op thread is fastest and keeps runs deterministic."""
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture
+def tiny_digits():
+    """Run 2 rounds of an algorithm on digits (4 clients, 2 active, 2 local steps); returns
+    the finished Experiment and its summary."""
+    from protofl.config import config_from_dict
+    from protofl.engine.experiment import Experiment
+
+    def run(algorithm: str, algo: dict | None = None):
+        cfg = config_from_dict({"algorithm": algorithm, "rounds": 2, "checkpoint_every": 0,
+                                "data": {"name": "digits", "num_clients": 4},
+                                "clients": {"per_round": 2, "local_steps": 2},
+                                "metrics": {"dissimilarity_clients": 2}, "algo": algo or {}})
+        exp = Experiment(cfg)
+        return exp, exp.run()
+
+    return run

@@ -10,8 +10,6 @@ import torch
 from protofl.algorithms.base import split_state, validate_upload
 from protofl.algorithms.fedplvm import alpha_loss, cluster_classes, correction_loss, masked_mean
 from protofl.algorithms.registry import make_algorithm
-from protofl.config import config_from_dict
-from protofl.engine.experiment import Experiment
 from protofl.errors import ProtoflError
 from protofl.models.nets import Mlp
 
@@ -125,13 +123,8 @@ def test_bad_option():
         make_algorithm("fedplvm", {"level": "middle"}, Mlp(2, 3), 3)
 
 
-def test_two_round_digits_run():
-    cfg = config_from_dict({"algorithm": "fedplvm", "rounds": 2, "checkpoint_every": 0,
-                            "data": {"name": "digits", "num_clients": 4},
-                            "clients": {"per_round": 2, "local_steps": 2},
-                            "metrics": {"dissimilarity_clients": 2}})
-    exp = Experiment(cfg)
-    out = exp.run()
+def test_two_round_digits_run(tiny_digits):
+    exp, out = tiny_digits("fedplvm")
     for key in ("accuracy", "loss", "train_loss", "amm", "client_loss", "dissimilarity"):
         assert np.isfinite(out[key]), key
     assert float(exp.state["global_mask"].sum()) > 0

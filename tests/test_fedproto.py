@@ -9,8 +9,6 @@ import torch.nn.functional as F
 from protofl.algorithms.base import split_state, validate_upload
 from protofl.algorithms.fedproto import nearest_prototype_scores, prototype_regulariser
 from protofl.algorithms.registry import make_algorithm
-from protofl.config import config_from_dict
-from protofl.engine.experiment import Experiment
 from protofl.errors import ProtoflError
 from protofl.models.nets import Mlp
 
@@ -98,13 +96,8 @@ def test_bad_option():
         _alg(lam=-1.0)
 
 
-def test_two_round_digits_run():
-    cfg = config_from_dict({"algorithm": "fedproto", "rounds": 2, "checkpoint_every": 0,
-                            "data": {"name": "digits", "num_clients": 4},
-                            "clients": {"per_round": 2, "local_steps": 2},
-                            "metrics": {"dissimilarity_clients": 2}})
-    exp = Experiment(cfg)
-    out = exp.run()
+def test_two_round_digits_run(tiny_digits):
+    exp, out = tiny_digits("fedproto")
     for key in ("accuracy", "local_accuracy", "amm", "client_loss"):
         assert np.isfinite(out[key]), key
     assert "params" not in exp.state and all("params" in s for s in exp.client_states.values())

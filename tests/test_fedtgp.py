@@ -15,8 +15,6 @@ from protofl.algorithms.fedtgp import (
     train_generator,
 )
 from protofl.algorithms.registry import make_algorithm
-from protofl.config import config_from_dict
-from protofl.engine.experiment import Experiment
 from protofl.errors import ProtoflError
 from protofl.models.nets import Mlp
 
@@ -87,12 +85,7 @@ def test_bad_option():
         make_algorithm("fedtgp", {"server_optimizer": "rmsprop"}, Mlp(2, 3), 3)
 
 
-def test_two_round_digits_run():
-    cfg = config_from_dict({"algorithm": "fedtgp", "rounds": 2, "checkpoint_every": 0,
-                            "data": {"name": "digits", "num_clients": 4},
-                            "clients": {"per_round": 2, "local_steps": 2},
-                            "metrics": {"dissimilarity_clients": 2},
-                            "algo": {"server_epochs": 5}})
-    out = Experiment(cfg).run()
+def test_two_round_digits_run(tiny_digits):
+    _, out = tiny_digits("fedtgp", {"server_epochs": 5})
     for key in ("accuracy", "local_accuracy", "amm", "client_loss", "margin"):
         assert np.isfinite(out[key]), key

@@ -12,8 +12,6 @@ import torch.nn.functional as F
 from protofl.algorithms.base import split_state
 from protofl.algorithms.moon import contrastive_term
 from protofl.algorithms.registry import make_algorithm
-from protofl.config import config_from_dict
-from protofl.engine.experiment import Experiment
 from protofl.errors import ProtoflError
 from protofl.models.nets import Mlp
 
@@ -129,11 +127,7 @@ def test_bad_options(opts):
         make_algorithm("moon", opts, Mlp(4, 3), 3)
 
 
-def test_two_round_digits_run():
-    cfg = config_from_dict({"algorithm": "moon", "rounds": 2, "checkpoint_every": 0,
-                            "data": {"name": "digits", "num_clients": 4},
-                            "clients": {"per_round": 2, "local_steps": 2},
-                            "metrics": {"dissimilarity_clients": 2}})
-    out = Experiment(cfg).run()
+def test_two_round_digits_run(tiny_digits):
+    _, out = tiny_digits("moon")
     for key in ("accuracy", "loss", "train_loss", "amm", "client_loss", "dissimilarity"):
         assert np.isfinite(out[key]), key
