@@ -33,11 +33,45 @@ def load_runs(folders: list[Path]) -> list[dict]:
     return runs
 
 
-def label(run: dict) -> str:
-    """Runs that differ only in seed share a label: algorithm, plus its options if set."""
-    cfg = run["config"]
-    extra = ",".join(f"{k}={v}" for k, v in sorted(cfg.get("algo", {}).items()))
-    return run["summary"]["algorithm"] + (f"[{extra}]" if extra else "")
+IN_DATASET_LABEL = {"seed", "algorithm", "data.partition", "data.alpha",
+                    "data.classes_per_client"}
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def labels(runs: list[dict]) -> list[str]:
+    """Runs that differ only in seed share a label: the algorithm, plus every config key whose
+    value varies among these runs (e.g. ``algo.weights``, ``clients.tolerate_partial``)."""
+    flats = [_flat(r["config"]) for r in runs]
+    keys = sorted({k for f in flats for k in f} - IN_DATASET_LABEL)
+    varying = [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1]
+    out = []
+    for r, f in zip(runs, flats):
+        extra = ",".join(f"{k.removeprefix('algo.')}={f[k]}" for k in varying
+                         if f.get(k) is not None)
+        out.append(r["summary"]["algorithm"] + (f"[{extra}]" if extra else ""))
+    return out
+
+
+def grouped(runs: list[dict], what: str) -> dict[str, dict[str, list]]:
+    """``dataset -> label -> [run[what] ...]``."""
+    by_ds: dict[str, list[dict]] = defaultdict(list)
+    for r in runs:
+        by_ds[dataset_label(r)].append(r)
+    out: dict[str, dict[str, list]] = {}
+    for ds, rs in by_ds.items():
+        out[ds] = defaultdict(list)
+        for r, name in zip(rs, labels(rs)):
+            out[ds][name].append(r[what])
+    return out
 
 
 def dataset_label(run: dict) -> str:
@@ -53,11 +87,8 @@ def dataset_label(run: dict) -> str:
 
 def table(runs: list[dict]) -> tuple[str, dict]:
     """A Markdown table per dataset (rows: algorithms) and the numbers behind it."""
-    by_ds: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
-    for r in runs:
-        by_ds[dataset_label(r)][label(r)].append(r["summary"])
     lines, data = [], {}
-    for ds, algs in by_ds.items():
+    for ds, algs in grouped(runs, "summary").items():
         cols = [c for c in COLUMNS if any(s.get(c) is not None for v in algs.values() for s in v)]
         lines += [f"### {ds}", "", "| algorithm | seeds | " + " | ".join(cols) + " |",
                   "|---|---|" + "---|" * len(cols)]
@@ -110,10 +141,7 @@ def compare(folders: list[Path], out: Path | None = None) -> str:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
         runfolder.write_json(out.with_suffix(".json"), data)
-        by_ds: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
-        for r in runs:
-            by_ds[dataset_label(r)][label(r)].append(r["rows"])
-        for ds, groups in by_ds.items():
+        for ds, groups in grouped(runs, "rows").items():
             safe = "".join(ch if ch.isascii() and ch.isalnum() else "_" for ch in ds).strip("_")
             plot_groups(groups, out.with_name(f"{out.stem}_{safe}.png"), ds)
             plot_weights(groups, out.with_name(f"{out.stem}_{safe}_weights.png"), ds)
