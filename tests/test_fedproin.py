@@ -265,7 +265,7 @@ def test_wrap_model_is_idempotent_and_state_has_prototypes():
     alg = make(num_classes=3, per_class=3)
     assert isinstance(alg.model, PrototypeModel)
     assert alg.wrap_model(alg.model.backbone) is alg.model
-    state = alg.init_state(alg.model.backbone)
+    state = alg.init_state(alg.model)
     assert state["params"]["prototypes"].shape == (3, 3, 2)
     assert alg.upload_shapes()["influence"] == (3, 3)
 

@@ -20,8 +20,7 @@ def _setup(mu=1.0, tau=0.5):
     torch.manual_seed(0)
     model = Mlp(4, 3, hidden=(5, 6))
     alg = make_algorithm("moon", {"mu": mu, "tau": tau, "proj_dim": 3}, model, 3)
-    model = alg.wrap_model(model)
-    return alg, model
+    return alg, alg.model
 
 
 def _np_cos(a, b):

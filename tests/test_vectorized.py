@@ -81,7 +81,7 @@ def test_one_round_equals_sequential(float64, monkeypatch, name, setup):
     torch.manual_seed(0)
     model = Mlp(5, C, hidden=(8, 6))
     alg = make_algorithm(name, TEST_OPTIONS.get(name, {}), model, C)
-    model = alg.wrap_model(model)
+    model = alg.model
     reason = vectorized.vectorize_reason(alg, model)
     if reason is not None:  # say why, never skip silently
         assert isinstance(reason, str) and reason

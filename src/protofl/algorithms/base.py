@@ -82,22 +82,39 @@ class Algorithm:
     sampling: ClassVar[str] = "uniform"  # default client sampling
     personalized: ClassVar[bool] = False  # each client keeps and is evaluated with its own model
     vectorizable: ClassVar[bool] = True  # loss is functional and vmap-safe
+    # option range checks, declared by name (see check_options)
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {}
+    positive: ClassVar[tuple[str, ...]] = ()
+    nonnegative: ClassVar[tuple[str, ...]] = ()
+    at_least_one: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, options: dict[str, Any], model: ProtoNet, num_classes: int):
         from protofl.config import _build  # one validator for configs and options
 
         self.opts = _build(self.Options, dict(options), f"algo ({self.name})")
         self.check_options()
-        self.model = model
         self.num_classes = num_classes
+        self.model = self.wrap_model(model)  # what the engine and the Flower apps train
 
     def check_options(self) -> None:
-        """Range checks of ``self.opts``; raise ProtoflError naming the option."""
+        """Check ``self.opts`` against the class's declared ``choices``, ``positive``,
+        ``nonnegative`` and ``at_least_one`` option names; one line naming the first bad one."""
+        o = self.opts
+        for key, allowed in self.choices.items():
+            if getattr(o, key) not in allowed:
+                raise ProtoflError(f"algo.{key} = {getattr(o, key)!r}; allowed: "
+                                   f"{', '.join(allowed)}")
+        for keys, ok, rule in ((self.positive, lambda v: v > 0, "> 0"),
+                               (self.nonnegative, lambda v: v >= 0, ">= 0"),
+                               (self.at_least_one, lambda v: v >= 1, "an integer >= 1")):
+            for key in keys:
+                if not ok(getattr(o, key)):
+                    raise ProtoflError(f"algo.{key} = {getattr(o, key)} must be {rule}")
 
     def wrap_model(self, model: ProtoNet) -> ProtoNet:
-        """The model the algorithm trains, built from the plain one before ``init_state``
-        (default: unchanged; MOON adds a projection head). Overrides also set ``self.model``;
-        the engine and the Flower apps call it once, right after building the model."""
+        """The model the algorithm trains, built once from the plain one by the constructor
+        and kept as ``self.model`` (default: unchanged; MOON adds a projection head, fedproin
+        learnable prototypes)."""
         return model
 
     # ---- server side ----
@@ -154,7 +171,7 @@ class Algorithm:
         return torch.randperm(len(y), generator=gen)
 
     def augment(self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator,
-                ctx: Tensors | None = None) -> torch.Tensor:
+                ctx: Tensors) -> torch.Tensor:
         """Per-batch data augmentation (default: none); ``ctx`` is the client's context."""
         return x
 

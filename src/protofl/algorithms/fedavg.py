@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import torch
 
 from protofl.algorithms.base import Algorithm, Tensors
-from protofl.errors import ProtoflError
 
 
 class FedAvg(Algorithm):
@@ -30,10 +29,7 @@ class FedProx(Algorithm):
     description = "FedProx (Li et al.): local loss + mu/2 ||W - W^t||^2; partial work tolerated"
     Options = ProxOptions
     tolerate_partial = True
-
-    def check_options(self) -> None:
-        if self.opts.mu < 0:
-            raise ProtoflError(f"algo.mu = {self.opts.mu} must be >= 0")
+    nonnegative = ("mu",)
 
     def client_begin(self, model, glob, client_state, x, y):
         return {"anchor": glob["params"]}
@@ -52,10 +48,7 @@ class FedAtt(Algorithm):
     name = "fedatt"
     description = "FedAtt (Ji et al.): per-layer softmax attention over ||w - w_k||, step epsilon"
     Options = AttOptions
-
-    def check_options(self) -> None:
-        if self.opts.epsilon <= 0:
-            raise ProtoflError(f"algo.epsilon = {self.opts.epsilon} must be > 0")
+    positive = ("epsilon",)
 
     def aggregate(self, state, uploads):
         new, diag = super().aggregate(state, uploads)  # buffers (if any) by FedAvg

@@ -15,7 +15,6 @@ import torch
 
 from protofl.algorithms import prototypes as pm
 from protofl.algorithms.base import Algorithm, Tensors, client_prototypes
-from protofl.errors import ProtoflError
 
 CHOICES = {
     "weights": ("attention", "fedavg", "fair"),
@@ -76,12 +75,7 @@ class FedMargin(Algorithm):
     Options = MarginOptions
     tolerate_partial = True
     sampling = "weighted"
-
-    def check_options(self) -> None:
-        for key, allowed in CHOICES.items():
-            value = getattr(self.opts, key)
-            if value not in allowed:
-                raise ProtoflError(f"algo.{key} = {value!r}; allowed: {', '.join(allowed)}")
+    choices = CHOICES
 
     def init_state(self, model):
         state = super().init_state(model)

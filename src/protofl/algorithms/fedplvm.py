@@ -32,7 +32,6 @@ import torch.nn.functional as F
 
 from protofl.algorithms import finch
 from protofl.algorithms.base import Algorithm, forward, weighted_mean
-from protofl.errors import ProtoflError
 
 SPARSE_EPS = 1e-4  # |cos| floor inside |cos|^alpha
 ABSENT = -1e4  # similarity logit of a padding slot (exp() is 0, no NaN)
@@ -104,20 +103,10 @@ class FedPLVM(Algorithm):
     description = ("FedPLVM (Wang et al. 2024): FINCH-clustered local and global prototypes, "
                    "CE + lambda (alpha-sparsity prototype loss + correction); FedAvg weights")
     Options = FedPLVMOptions
-
-    def check_options(self) -> None:
-        o = self.opts
-        if o.lam < 0:
-            raise ProtoflError(f"algo.lam = {o.lam} must be >= 0")
-        if o.alpha <= 0:
-            raise ProtoflError(f"algo.alpha = {o.alpha} must be > 0")
-        if o.tau <= 0:
-            raise ProtoflError(f"algo.tau = {o.tau} must be > 0")
-        if o.max_local < 1 or o.max_global < 1:
-            raise ProtoflError(f"algo.max_local = {o.max_local}, algo.max_global = "
-                               f"{o.max_global}: both must be >= 1")
-        if o.level not in ("last", "first"):
-            raise ProtoflError(f"algo.level = {o.level!r}; allowed: last, first")
+    choices = {"level": ("last", "first")}
+    positive = ("alpha", "tau")
+    nonnegative = ("lam",)
+    at_least_one = ("max_local", "max_global")
 
     def init_state(self, model):
         state = super().init_state(model)

@@ -34,7 +34,6 @@ all three off. The paper trains with Adam, lr 1e-4 (set ``clients.optimizer``/``
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -44,10 +43,7 @@ from protofl.algorithms import prototypes as pm
 from protofl.algorithms.base import Algorithm, forward, weighted_mean
 from protofl.algorithms.moon import contrastive_term
 from protofl.data.augment import AugmentSpec, adaptive_augment
-from protofl.errors import ProtoflError
 from protofl.models.nets import ProtoNet
-
-log = logging.getLogger("protofl")
 
 EPS = 1e-8
 CHOICES = {"task": ("glvq", "hinge"), "squash": ("sigmoid", "identity"),
@@ -172,26 +168,10 @@ class FedProIn(Algorithm):
                    "prototype-contrastive losses, influence-weighted prototype aggregation")
     Options = ProInOptions
 
-    def __init__(self, options, model: ProtoNet, num_classes: int):
-        super().__init__(options, model, num_classes)
-        self.wrap_model(model)
-        self._warned = False
-
-    def check_options(self) -> None:
-        o = self.opts
-        for key, allowed in CHOICES.items():
-            value = getattr(o, key)
-            if value not in allowed:
-                raise ProtoflError(f"algo.{key} = {value!r}; allowed: {', '.join(allowed)}")
-        if o.prototypes_per_class < 1:
-            raise ProtoflError(f"algo.prototypes_per_class = {o.prototypes_per_class} must be "
-                               f"an integer >= 1")
-        for key in ("temperature", "pcl_temperature"):
-            if getattr(o, key) <= 0:
-                raise ProtoflError(f"algo.{key} = {getattr(o, key)} must be > 0")
-        for key in ("hinge_margin", "lambda_fd", "lambda_pc", "pcl_margin"):
-            if getattr(o, key) < 0:
-                raise ProtoflError(f"algo.{key} = {getattr(o, key)} must be >= 0")
+    choices = CHOICES
+    positive = ("temperature", "pcl_temperature")
+    nonnegative = ("hinge_margin", "lambda_fd", "lambda_pc", "pcl_margin")
+    at_least_one = ("prototypes_per_class",)
 
     def wrap_model(self, model: ProtoNet) -> PrototypeModel:
         """The encoder with this algorithm's prototypes (the same module on every call)."""
@@ -200,13 +180,9 @@ class FedProIn(Algorithm):
             return current
         if not isinstance(model, PrototypeModel):
             model = PrototypeModel(model, self.num_classes, self.opts.prototypes_per_class)
-        self.model = model
         return model
 
     # ---- server ----
-    def init_state(self, model):
-        return super().init_state(self.wrap_model(model))
-
     def aggregate(self, state, uploads):
         new, diag = super().aggregate(state, uploads)  # encoder (and, without NIA, P) by n_k
         influence = torch.stack([u["influence"] for u in uploads])
@@ -276,16 +252,9 @@ class FedProIn(Algorithm):
             return super().epoch_order(y, gen)
         return balanced_order(y, gen)
 
-    def augment(self, x, y, gen, ctx=None):
+    def augment(self, x, y, gen, ctx):
         if not self.opts.adaptive_augment or x.dim() != 4:
             return x
-        if ctx is None or "class_counts" not in ctx:
-            if not self._warned:
-                log.warning("fedproin: the trainer passed no client context to augment; "
-                            "class frequencies are taken from the batch")
-                self._warned = True
-            counts = torch.bincount(y, minlength=self.num_classes).to(torch.float32)
-        else:
-            counts = ctx["class_counts"]
+        counts = ctx["class_counts"]
         spec = AugmentSpec() if self.opts.flips else AugmentSpec(hflip=0.0, vflip=0.0)
         return adaptive_augment(x, y, counts, gen, spec)

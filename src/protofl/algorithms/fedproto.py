@@ -28,7 +28,6 @@ from protofl.algorithms.base import (
     split_state,
     weighted_mean,
 )
-from protofl.errors import ProtoflError
 
 FAR = 1e4  # score penalty of classes without a global prototype (finite: keeps CE finite)
 
@@ -59,12 +58,8 @@ class FedProto(Algorithm):
                    "CE + lambda MSE to global class prototypes, nearest-prototype inference")
     Options = FedProtoOptions
     personalized = True
+    nonnegative = ("lam",)
 
-    def check_options(self) -> None:
-        if self.opts.lam < 0:
-            raise ProtoflError(f"algo.lam = {self.opts.lam} must be >= 0")
-
-    # ---- server ----
     def init_state(self, model):
         params, buffers = split_state(model)
         d = model.feature_dim

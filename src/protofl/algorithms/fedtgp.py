@@ -27,7 +27,6 @@ from protofl.algorithms import prototypes as pm
 from protofl.algorithms.base import Tensors
 from protofl.algorithms.fedproto import FedProto
 from protofl.engine.schedule import SERVER, torch_gen
-from protofl.errors import ProtoflError
 
 
 @dataclass
@@ -104,24 +103,10 @@ class FedTGP(FedProto):
     description = ("FedTGP (Zhang et al. 2024): personalised models, CE + lambda MSE to "
                    "server-trained global prototypes (adaptive-margin contrastive loss)")
     Options = FedTGPOptions
-
-    def check_options(self) -> None:
-        o = self.opts
-        if o.lam < 0:
-            raise ProtoflError(f"algo.lam = {o.lam} must be >= 0")
-        if o.server_epochs < 1:
-            raise ProtoflError(f"algo.server_epochs = {o.server_epochs} must be >= 1")
-        if o.server_lr <= 0:
-            raise ProtoflError(f"algo.server_lr = {o.server_lr} must be > 0")
-        if o.server_optimizer not in ("sgd", "adam"):
-            raise ProtoflError(f"algo.server_optimizer = {o.server_optimizer!r}; "
-                               "allowed: sgd, adam")
-        if o.server_batch < 1:
-            raise ProtoflError(f"algo.server_batch = {o.server_batch} must be >= 1")
-        if o.hidden < 0:
-            raise ProtoflError(f"algo.hidden = {o.hidden} must be >= 0 (0: the feature size)")
-        if o.margin_cap < 0:
-            raise ProtoflError(f"algo.margin_cap = {o.margin_cap} must be >= 0")
+    choices = {"server_optimizer": ("sgd", "adam")}
+    positive = ("server_lr",)
+    nonnegative = ("lam", "hidden", "margin_cap")  # hidden 0: the feature size
+    at_least_one = ("server_epochs", "server_batch")
 
     def init_state(self, model):
         state = super().init_state(model)

@@ -22,7 +22,6 @@ from torch import nn
 from torch.func import functional_call
 
 from protofl.algorithms.base import Algorithm, Tensors, forward, weighted_mean
-from protofl.errors import ProtoflError
 from protofl.models.nets import ProtoNet
 
 HEAD = "projection"  # name of the projection-head submodule
@@ -67,15 +66,9 @@ class Moon(Algorithm):
     description = ("MOON (Li et al. 2021): CE + mu * model-contrastive loss on a projection "
                    "head (global model positive, previous local model negative); FedAvg")
     Options = MoonOptions
-
-    def check_options(self) -> None:
-        o = self.opts
-        if o.mu < 0:
-            raise ProtoflError(f"algo.mu = {o.mu} must be >= 0")
-        if o.tau <= 0:
-            raise ProtoflError(f"algo.tau = {o.tau} must be > 0")
-        if o.proj_dim < 1:
-            raise ProtoflError(f"algo.proj_dim = {o.proj_dim} must be >= 1")
+    nonnegative = ("mu",)
+    positive = ("tau",)
+    at_least_one = ("proj_dim",)
 
     def wrap_model(self, model: ProtoNet) -> ProtoNet:
         """Add the projection head ``Linear(d, d) - ReLU - Linear(d, proj_dim)`` (once)."""
@@ -83,7 +76,6 @@ class Moon(Algorithm):
             d = model.feature_dim
             model.add_module(HEAD, nn.Sequential(nn.Linear(d, d), nn.ReLU(),
                                                  nn.Linear(d, self.opts.proj_dim)))
-        self.model = model
         return model
 
     def client_begin(self, model, glob, client_state, x, y):

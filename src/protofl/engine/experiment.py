@@ -60,7 +60,7 @@ class Experiment:
         torch.manual_seed(cfg.seed)
         self.model = build_model(name, data.input_shape, data.num_classes, cfg.model)
         self.alg = make_algorithm(cfg.algorithm, cfg.algo, self.model, data.num_classes)
-        self.model = self.alg.wrap_model(self.model)
+        self.model = self.alg.model  # the algorithm's own model (e.g. with a MOON head)
         self.state = self.alg.init_state(self.model)
         self.client_states: dict[int, dict] = {}
         self.protos = torch.zeros(data.num_classes, self.model.feature_dim)  # AMM reference
