@@ -21,7 +21,7 @@ from protofl.engine.train import train_client
 from protofl.errors import ProtoflError
 from protofl.flower.records import tree_from_records, tree_to_records
 from protofl.flower.setup import build, check_partitions
-from protofl.metrics.federated import scores
+from protofl.metrics.federated import client_predictions
 
 STATE = "protofl.client_state"  # + a digest of the run's config: one state per protofl run
 DATA_ROOT = "data-root"  # optional node-config key: this node's copy of the dataset files
@@ -75,7 +75,6 @@ def train(msg: Message, context: Context) -> Message:
     return Message(content, reply_to=msg)
 
 
-
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Personalised methods: predictions of this client's own model (the global weights if it
@@ -86,13 +85,9 @@ def evaluate(msg: Message, context: Context) -> Message:
     server_state = tree_from_records(msg.content, "state")
     key = state_key(str(job["config"]))
     own = tree_from_records(context.state, key) if key in context.state else {}
-    params = own.get("params", server_state.get("params"))
-    buffers = own.get("buffers", server_state.get("buffers", {}))
-    x, y = b.data.client_test(pid)
-    out = {"y": y}
-    if params is not None and len(y):
-        out["pred"] = scores(b.alg, b.model, params, buffers, server_state, x,
-                             b.cfg.metrics.eval_batch).argmax(1)
-    else:
-        out["pred"] = torch.full_like(y, -1)  # no model yet: left out by the server
+    got = client_predictions(b.alg, b.model, server_state, b.data, {pid: own},
+                             b.cfg.metrics.eval_batch, clients=[pid])
+    y = b.data.client_test(pid)[1]
+    # no model yet (or no test samples): predictions of -1, left out by the server
+    out = {"y": y, "pred": got[pid][1] if pid in got else torch.full_like(y, -1)}
     return Message(tree_to_records(out, "eval", RecordDict()), reply_to=msg)

@@ -151,7 +151,7 @@ class FlowerExperiment(Experiment):
         results: dict[int, ClientResult] = {}
         for reply in self._exchange(msgs, self.round_timeout):
             node = reply.metadata.src_node_id
-            client = sent.get(node)
+            client = sent.pop(node, None)
             if client is None:
                 log.warning("round %d: reply from unexpected node %s ignored", rnd, node)
                 continue
@@ -166,10 +166,8 @@ class FlowerExperiment(Experiment):
                 self._reject(rnd, client, node, str(e))
                 continue
             results[client] = ClientResult(client, upload, {}, loss)
-        for node, client in sent.items():
-            if client not in results and not any(
-                    r["round"] == rnd and r["client"] == client for r in self.rejected):
-                self._reject(rnd, client, node, "no reply")
+        for node, client in sent.items():  # what is left never replied
+            self._reject(rnd, client, node, "no reply")
         return [results[j.client] for j in jobs if j.client in results]  # the engine's order
 
     def _reject(self, rnd: int, client: int, node: int | None, why: str) -> None:

@@ -36,12 +36,14 @@ def evaluate(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors,
 
 
 def client_predictions(alg: Algorithm, model: ProtoNet, state: Tensors, data: FederatedData,
-                       client_states: dict[int, Tensors], batch: int = 2048
+                       client_states: dict[int, Tensors], batch: int = 2048,
+                       clients: list[int] | None = None
                        ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """``client -> (labels, predictions)`` on each client's own local test split, with the
-    aggregate model, or (personalised methods) the client's own where it has one."""
+    """``client -> (labels, predictions)`` on each client's own local test split (all clients,
+    or ``clients``), with the aggregate model, or (personalised methods) the client's own
+    where it has one."""
     out = {}
-    for k in range(data.num_clients):
+    for k in range(data.num_clients) if clients is None else clients:
         x, y = data.client_test(k)
         own = client_states.get(k, {}) if alg.personalized else {}
         params = own.get("params", state.get("params"))
