@@ -43,11 +43,8 @@ class FedTGPOptions:
 def adaptive_margin(q: torch.Tensor, present: torch.Tensor, cap: float) -> torch.Tensor:
     """``min(max_c min_{c' != c} ||Q^c - Q^c'||, cap)`` over the present classes (0 if fewer
     than two are present)."""
-    dist = pm.pairwise_distance(q, q)
-    ok = present.unsqueeze(0) & present.unsqueeze(1)
-    ok = ok & ~torch.eye(len(q), dtype=torch.bool)
-    nearest = dist.masked_fill(~ok, float("inf")).min(dim=1).values
-    nearest = nearest[present & torch.isfinite(nearest)]
+    _, nearest = pm.margins(q, q, present, present)  # d-: the nearest other present class
+    nearest = nearest[~torch.isnan(nearest)]
     if len(nearest) == 0:
         return torch.zeros((), dtype=q.dtype)
     return nearest.max().clamp(max=cap)
