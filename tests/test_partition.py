@@ -52,3 +52,17 @@ def test_bad_partition_requests():
         partition(Y, "iid", 0, seed=0)
     with pytest.raises(ProtoflError, match="alpha"):
         partition(Y, "dirichlet", 3, seed=0, alpha=0)
+
+
+def test_config_partition_and_cap_follow_the_config():
+    from protofl.config import DataConfig
+    from protofl.data.partition import capped, config_partition
+
+    cfg = DataConfig(partition=None, num_clients=None, max_samples=50, seed=3)
+    parts = config_partition(Y, cfg, "classes", 20)  # the dataset's defaults
+    assert len(parts) == 20 and all(len(np.unique(Y[p])) == 2 for p in parts)
+    assert len(config_partition(Y, DataConfig(partition="iid", num_clients=4), "classes",
+                                20)) == 4
+    keep = capped(600, cfg)
+    assert len(keep) == 50 and np.all(np.diff(keep) > 0)
+    assert np.array_equal(keep, capped(600, cfg)) and len(capped(30, cfg)) == 30

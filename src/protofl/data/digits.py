@@ -7,7 +7,7 @@ import torch
 
 from protofl.config import DataConfig
 from protofl.data.federated import FederatedData, from_partition
-from protofl.data.partition import partition
+from protofl.data.partition import config_partition
 
 
 def digits_federation(cfg: DataConfig) -> FederatedData:
@@ -20,9 +20,7 @@ def digits_federation(cfg: DataConfig) -> FederatedData:
     y = d.target.astype(np.int64)
     x_pool, x_test, y_pool, y_test = train_test_split(
         x, y, test_size=0.2, stratify=y, random_state=cfg.seed)
-    parts = partition(y_pool, cfg.partition or "dirichlet", cfg.num_clients or 10, cfg.seed,
-                      alpha=cfg.alpha, gamma=cfg.gamma, classes=cfg.classes_per_client,
-                      min_size=10)
+    parts = config_partition(y_pool, cfg, "dirichlet", 10)
     return from_partition("digits", 10, torch.from_numpy(x_pool), torch.from_numpy(y_pool),
                           parts, torch.from_numpy(x_test), torch.from_numpy(y_test),
                           cfg.local_test_fraction, cfg.seed)

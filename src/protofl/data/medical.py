@@ -17,7 +17,7 @@ import torch
 from protofl.config import DataConfig
 from protofl.data.federated import FederatedData, from_partition
 from protofl.data.images import read_images, resize_array
-from protofl.data.partition import partition
+from protofl.data.partition import capped, config_partition
 from protofl.errors import ProtoflError
 
 HAM_CLASSES = ("akiec", "bcc", "bkl", "df", "mel", "nv", "vasc")
@@ -38,19 +38,9 @@ def _root(cfg: DataConfig, what: str) -> Path:
     return root
 
 
-def _cap(n: int, cfg: DataConfig) -> np.ndarray:
-    """Indices of the rows kept: all, or a seeded random ``max_samples`` of them (sorted)."""
-    if cfg.max_samples is None or cfg.max_samples >= n:
-        return np.arange(n)
-    return np.sort(np.random.default_rng(cfg.seed).permutation(n)[:cfg.max_samples])
-
-
 def _federate(name: str, classes: tuple[str, ...], x: torch.Tensor, y: np.ndarray,
               x_test: torch.Tensor, y_test: np.ndarray, cfg: DataConfig) -> FederatedData:
-    k = cfg.num_clients or MEDICAL_CLIENTS
-    parts = partition(y, cfg.partition or "dirichlet", k, cfg.seed, alpha=cfg.alpha,
-                      gamma=cfg.gamma, classes=cfg.classes_per_client,
-                      min_size=max(1, min(10, len(y) // (2 * k))))
+    parts = config_partition(y, cfg, "dirichlet", MEDICAL_CLIENTS)
     return from_partition(name, len(classes), x, torch.from_numpy(y), parts, x_test,
                           torch.from_numpy(y_test), cfg.local_test_fraction, cfg.seed,
                           list(classes))
@@ -149,7 +139,7 @@ def ham10000_federation(cfg: DataConfig) -> FederatedData:
         if image_id not in files:
             raise ProtoflError(f"HAM10000 image {image_id}.jpg (listed in {meta.name}) not "
                                f"found under {root}")
-    keep = _cap(len(images), cfg)
+    keep = capped(len(images), cfg)
     lesion_arr = np.asarray(lesions)[keep]
     y = y[keep]
     paths = [files[images[i]] for i in keep]
@@ -189,7 +179,7 @@ def matek19_federation(cfg: DataConfig) -> FederatedData:
     if not paths:
         raise ProtoflError(f"Matek-19: no class folders in {base}; expected folders named "
                            f"{', '.join(MATEK_CLASSES)}")
-    keep = _cap(len(paths), cfg)
+    keep = capped(len(paths), cfg)
     paths = [paths[i] for i in keep]
     y = np.asarray(labels, dtype=np.int64)[keep]
     test = stratified_split(y, TEST_FRACTION, cfg.seed)
@@ -239,7 +229,7 @@ def medmnist_federation(cfg: DataConfig) -> FederatedData:
     with z:
         x, y = _npz_split(path, z, "train", cfg)
         x_test, y_test = _npz_split(path, z, "test", cfg)
-    keep = _cap(len(y), cfg)
+    keep = capped(len(y), cfg)
     x, y = x[keep], y[keep]
     num_classes = int(max(y.max(), y_test.max())) + 1
     classes = tuple(str(c) for c in range(num_classes))

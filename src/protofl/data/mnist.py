@@ -15,7 +15,7 @@ import torch
 
 from protofl.config import DataConfig
 from protofl.data.federated import FederatedData, from_partition
-from protofl.data.partition import partition
+from protofl.data.partition import capped, config_partition
 from protofl.errors import ProtoflError
 
 # IDX type code -> numpy dtype (big-endian where it matters)
@@ -111,13 +111,9 @@ def mnist_federation(cfg: DataConfig) -> FederatedData:
     random subset).
     """
     x, y, x_test, y_test = load_mnist(cfg.root)
-    if cfg.max_samples is not None and cfg.max_samples < len(y):
-        keep = np.sort(np.random.default_rng(cfg.seed).permutation(len(y))[:cfg.max_samples])
-        x, y = x[keep], y[keep]
-    k = cfg.num_clients or DEFAULT_CLIENTS
-    parts = partition(y, cfg.partition or "classes", k, cfg.seed, alpha=cfg.alpha,
-                      gamma=cfg.gamma, classes=cfg.classes_per_client,
-                      min_size=max(2, min(10, len(y) // max(k, 1))))
+    keep = capped(len(y), cfg)
+    x, y = x[keep], y[keep]
+    parts = config_partition(y, cfg, "classes", DEFAULT_CLIENTS)
     return from_partition("mnist", 10, _images(x), torch.from_numpy(y), parts,
                           _images(x_test), torch.from_numpy(y_test), cfg.local_test_fraction,
                           cfg.seed)

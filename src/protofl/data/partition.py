@@ -120,3 +120,20 @@ def partition(y: np.ndarray, scheme: str, num_clients: int, seed: int, *, alpha:
 
 
 SCHEMES = ("iid", "classes", "dirichlet", "dirichlet_powerlaw")
+
+
+def config_partition(y: np.ndarray, cfg, scheme: str, clients: int) -> list[np.ndarray]:
+    """The partition a ``DataConfig`` asks for: its scheme and client count, or the dataset's
+    defaults ``scheme`` and ``clients``; every client gets at least
+    ``max(1, min(10, n / 2K))`` samples."""
+    k = cfg.num_clients or clients
+    return partition(y, cfg.partition or scheme, k, cfg.seed, alpha=cfg.alpha, gamma=cfg.gamma,
+                     classes=cfg.classes_per_client,
+                     min_size=max(1, min(10, len(y) // (2 * max(k, 1)))))
+
+
+def capped(n: int, cfg) -> np.ndarray:
+    """Rows kept of a pool of ``n``: all, or a seeded random ``cfg.max_samples`` (sorted)."""
+    if cfg.max_samples is None or cfg.max_samples >= n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(cfg.seed).permutation(n)[:cfg.max_samples])

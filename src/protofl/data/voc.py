@@ -19,7 +19,7 @@ import torch
 from protofl.config import DataConfig
 from protofl.data.federated import FederatedData, from_partition
 from protofl.data.images import read_images
-from protofl.data.partition import partition
+from protofl.data.partition import capped, config_partition
 from protofl.errors import ProtoflError
 
 VOC_CLASSES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair",
@@ -97,10 +97,8 @@ def _voc(cfg: DataConfig, macro: bool) -> FederatedData:
     if not tr_ids or not te_ids:
         raise ProtoflError(f"Pascal VOC at {base}: no single-class image in the "
                            f"{'train' if not tr_ids else 'val'} split")
-    if cfg.max_samples is not None and cfg.max_samples < len(tr_ids):
-        keep = np.sort(np.random.default_rng(cfg.seed).permutation(len(tr_ids))
-                       [:cfg.max_samples])
-        tr_ids, y = [tr_ids[i] for i in keep], y[keep]
+    keep = capped(len(tr_ids), cfg)
+    tr_ids, y = [tr_ids[i] for i in keep], y[keep]
     names: tuple[str, ...] = VOC_CLASSES
     if macro:
         to_macro = np.asarray([MACRO_CLASSES.index(MACRO_OF[c]) for c in VOC_CLASSES])
@@ -109,10 +107,7 @@ def _voc(cfg: DataConfig, macro: bool) -> FederatedData:
     jpg = base / "JPEGImages"
     x = read_images([jpg / f"{i}.jpg" for i in tr_ids], size, "RGB")
     x_test = read_images([jpg / f"{i}.jpg" for i in te_ids], size, "RGB")
-    k = cfg.num_clients or VOC_CLIENTS
-    parts = partition(y, cfg.partition or "dirichlet_powerlaw", k, cfg.seed, alpha=cfg.alpha,
-                      gamma=cfg.gamma, classes=cfg.classes_per_client,
-                      min_size=max(1, min(2, len(y) // k)))
+    parts = config_partition(y, cfg, "dirichlet_powerlaw", VOC_CLIENTS)
     return from_partition("voc_macro" if macro else "voc", len(names), x, torch.from_numpy(y),
                           parts, x_test, torch.from_numpy(y_test), cfg.local_test_fraction,
                           cfg.seed, list(names))
