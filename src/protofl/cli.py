@@ -7,8 +7,12 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from protofl.errors import ProtoflError
+
+if TYPE_CHECKING:
+    from protofl.config import Config
 
 NAMES_NOTE = ("Two published methods are called 'FedProto': here 'fedmargin' (alias 'pgfl') is "
               "Michieli & Ozay's margin-guided method (the first seed), and 'fedproto' is "
@@ -20,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
         raise ProtoflError(f"{self.prog}: {message}")
 
 
-def _config(args) -> tuple:
+def _config(args) -> Config:
     from protofl.config import apply_set, config_from_dict, load_raw
 
     raw = load_raw(args.config) if args.config else {}
@@ -31,7 +35,7 @@ def _config(args) -> tuple:
         raw.setdefault("data", {})["name"] = args.dataset
     for s in args.set or []:
         apply_set(raw, s)
-    return config_from_dict(raw), raw
+    return config_from_dict(raw)
 
 
 def cmd_run(args) -> int:
@@ -41,7 +45,7 @@ def cmd_run(args) -> int:
         summary = resume_experiment(Path(args.resume), progress=not args.quiet)
         out = Path(args.resume)
     else:
-        cfg, _ = _config(args)
+        cfg = _config(args)
         out = Path(args.out) if args.out else Path("runs") / (
             f"{cfg.algorithm}_{cfg.data.name}_seed{cfg.seed}_{time.strftime('%Y%m%d-%H%M%S')}")
         summary = run_experiment(cfg, out, overwrite=args.overwrite, progress=not args.quiet)
@@ -121,7 +125,7 @@ def cmd_stats(args) -> int:
     from protofl.data.registry import load_dataset
     from protofl.report.stats import partition_stats
 
-    cfg, _ = _config(args)
+    cfg = _config(args)
     data = load_dataset(cfg.data)
     out = Path(args.out) if args.out else None
     print(partition_stats(data, out))

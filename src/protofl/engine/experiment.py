@@ -19,6 +19,7 @@ from protofl.data.registry import dataset_spec, load_dataset
 from protofl.engine import runfolder
 from protofl.engine.schedule import PROBE, SAMPLE, STRAGGLE, assign_work, np_rng, sample_clients
 from protofl.engine.train import ClientResult, LocalSetup, train_sequential
+from protofl.engine.vectorized import train_vectorized, vectorize_reason
 from protofl.errors import ProtoflError
 from protofl.metrics import federated as fm
 from protofl.models.registry import build_model
@@ -29,21 +30,14 @@ Trainer = Callable[..., list[ClientResult]]
 
 
 def select_trainer(name: str, alg, model) -> tuple[Trainer, str]:
-    """The trainer a config asks for; ``auto`` vectorizes when the model and loss allow."""
-    if name == "sequential":
+    """The trainer a config asks for; ``vectorized`` and ``auto`` train sequentially, saying
+    why, when the model or the loss cannot be vectorized."""
+    reason = None if name == "sequential" else vectorize_reason(alg, model)
+    if name == "sequential" or reason is not None:
+        if reason is not None:
+            log.info("training sequentially: %s", reason)
         return train_sequential, "sequential"
-    try:
-        from protofl.engine.vectorized import train_vectorized, vectorize_reason
-    except ImportError:
-        if name == "vectorized":
-            raise ProtoflError("trainer 'vectorized' is not available in this build") from None
-        return train_sequential, "sequential"
-    reason = vectorize_reason(alg, model)
-    if reason is None:
-        return train_vectorized, "vectorized"
-    if name == "vectorized" or name == "auto":
-        log.info("training sequentially: %s", reason)
-    return train_sequential, "sequential"
+    return train_vectorized, "vectorized"
 
 
 class Experiment:
