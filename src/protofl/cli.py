@@ -205,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("protofl: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
