@@ -74,7 +74,6 @@ class Config:
     eval_every: int = 1
     checkpoint_every: int = 10
     trainer: str = "auto"  # auto | sequential | vectorized
-    device: str = "cpu"
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     clients: ClientConfig = field(default_factory=ClientConfig)
