@@ -52,8 +52,8 @@ def protofl_rounds(name: str, trainer_name: str) -> Iterator[float]:
     """Round times of protofl: sample all clients, train them, aggregate (no evaluation)."""
     from protofl.algorithms.registry import make_algorithm
     from protofl.engine.schedule import SAMPLE, STRAGGLE, assign_work, np_rng, sample_clients
-    from protofl.engine.train import LocalSetup, train_sequential
-    from protofl.engine.vectorized import train_vectorized
+    from protofl.engine.train import LocalSetup, RoundContext, SequentialTrainer
+    from protofl.engine.vectorized import VectorizedTrainer
 
     w = WORKLOADS[name]
     data, make_model = workload(name)
@@ -62,15 +62,15 @@ def protofl_rounds(name: str, trainer_name: str) -> Iterator[float]:
     alg = make_algorithm("fedavg", {}, model, data.num_classes)
     state = alg.init_state(model)
     setup = LocalSetup(w["batch"], True, "sgd", LR, 0.0, 0.0, seed=0)
-    trainer = train_vectorized if trainer_name == "vectorized" else train_sequential
+    trainer = VectorizedTrainer() if trainer_name == "vectorized" else SequentialTrainer()
     t = 0
     while True:
         t += 1
         start = now()
         active = sample_clients(data.train_sizes, w["clients"], "uniform", np_rng(0, SAMPLE, t))
         jobs = assign_work(active, w["steps"], 0.0, False, np_rng(0, STRAGGLE, t))
-        results = trainer(alg, model, alg.broadcast(state), jobs, data, {}, setup, t)
-        state, _ = alg.aggregate(state, [r.upload for r in results])
+        results = trainer.train(RoundContext(alg, alg.broadcast(state), jobs, data, {}, setup, t))
+        state, _ = alg.aggregate(state, [r.upload for r in results], t)
         yield now() - start
 
 

@@ -18,7 +18,7 @@ def test_fedavg_weights_by_samples():
     state = alg.init_state(model)
     a = {k: torch.ones_like(v) for k, v in state["params"].items()}
     b = {k: 5 * torch.ones_like(v) for k, v in state["params"].items()}
-    new, diag = alg.aggregate(state, [_up(a, 30), _up(b, 10)])
+    new, diag = alg.aggregate(state, [_up(a, 30), _up(b, 10)], 1)
     assert diag["weights"] == [0.75, 0.25]
     for v in new["params"].values():
         assert torch.allclose(v, torch.full_like(v, 2.0))  # .75 * 1 + .25 * 5
@@ -59,10 +59,23 @@ def test_fedatt_against_numpy():
     rng = np.random.default_rng(0)
     g = {"w": rng.normal(size=(2, 3)), "b": rng.normal(size=3)}
     locs = [{k: v + rng.normal(size=v.shape) for k, v in g.items()} for _ in range(3)]
-    out = attentive_update({k: torch.tensor(v) for k, v in g.items()},
-                           [{k: torch.tensor(v) for k, v in lo.items()} for lo in locs], 1.2)
-    for k in g:
+    out, attention = attentive_update({k: torch.tensor(v) for k, v in g.items()},
+                                      [{k: torch.tensor(v) for k, v in lo.items()}
+                                       for lo in locs], 1.2)
+    for i, k in enumerate(g):
         s = np.array([np.linalg.norm((g[k] - lo[k]).ravel()) for lo in locs])
         alpha = np.exp(s) / np.exp(s).sum()
         want = g[k] - 1.2 * sum(a * (g[k] - lo[k]) for a, lo in zip(alpha, locs))
         assert np.allclose(out[k].numpy(), want)
+        assert np.allclose(attention[i].numpy(), alpha)  # the weights fedatt reports
+
+
+def test_fedatt_reports_the_attention_it_used_not_fedavg_weights():
+    model = Mlp(3, 2, hidden=(2,))
+    alg = make_algorithm("fedatt", {}, model, 2)
+    state = alg.init_state(model)
+    near = {k: v + 0.01 for k, v in state["params"].items()}
+    far = {k: v + 1.0 for k, v in state["params"].items()}
+    _, diag = alg.aggregate(state, [_up(near, 90), _up(far, 10)], 1)
+    assert abs(sum(diag["weights"]) - 1.0) < 1e-6  # float32 softmax
+    assert diag["weights"][1] > diag["weights"][0]  # FedAvg's would be [0.9, 0.1]

@@ -2,10 +2,10 @@ import json
 
 import pytest
 
+from protofl.api import resume_experiment, run_experiment
 from protofl.cli import main
 from protofl.config import config_from_dict
 from protofl.engine import experiment
-from protofl.engine.experiment import resume_experiment, run_experiment
 from protofl.engine.runfolder import read_metrics
 
 TINY = ["--rounds", "3", "--set", "clients.per_round=3", "--set", "data.num_clients=6",

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from protofl.algorithms import prototypes as pm
+from protofl.algorithms import prototype_math as pm
 from protofl.algorithms.fedmargin import MarginOptions, attention, reduce_classes
 from protofl.algorithms.registry import make_algorithm
 from protofl.errors import ProtoflError
@@ -51,7 +51,7 @@ def test_aggregate_matches_independent_computation():
         params = {n: torch.randn_like(v) for n, v in state["params"].items()}
         counts = torch.tensor([3.0, 0.0, 2.0]) if k else torch.tensor([1.0, 4.0, 0.0])
         ups.append(_upload(params, torch.rand(3, 5), torch.rand(3, 5), counts, counts.sum()))
-    new, diag = alg.aggregate(state, ups)
+    new, diag = alg.aggregate(state, ups, 1)
 
     # independent: margins per class with explicit loops
     def spm_loop(p, q, pres_p, pres_q):

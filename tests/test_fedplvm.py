@@ -107,8 +107,8 @@ def test_server_reclusters_and_keeps_absent_classes():
     a = upload(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([1.0, 1.0]))
     b = upload(torch.tensor([[1.0, 0.1], [0.0, 0.0]]), torch.tensor([1.0, 0.0]))
     for u in (a, b):
-        validate_upload(u, alg.upload_shapes())
-    new, diag = alg.aggregate(state, [a, b])
+        validate_upload(u, alg.upload_spec())
+    new, diag = alg.aggregate(state, [a, b], 1)
     # class 0 rows [1,0], [0,1], [1,0.1]: the first-neighbour graph of three points is always
     # connected, so FINCH's only partition is one cluster and its mean is the prototype
     assert new["global_mask"][0].tolist() == [1.0, 0.0]

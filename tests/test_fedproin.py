@@ -10,11 +10,10 @@ import torch
 from torch import nn
 from torch.func import grad, vmap
 
-from protofl.algorithms.base import split_state
+from protofl.algorithms.base import UploadEntry, split_state
 from protofl.algorithms.fedproin import (
     FedProIn,
     PrototypeModel,
-    balanced_order,
     glvq_loss,
     hinge_loss,
     influence_aggregate,
@@ -24,6 +23,7 @@ from protofl.algorithms.fedproin import (
 )
 from protofl.algorithms.registry import make_algorithm
 from protofl.cli import main
+from protofl.data.pipeline import class_balanced as balanced_order
 from protofl.errors import ProtoflError
 from protofl.models.nets import ProtoNet
 
@@ -158,13 +158,13 @@ def test_aggregate_encoder_fedavg_prototypes_nia():
         params["prototypes"] = torch.tensor(protos)
         ups.append({"params": params, "buffers": {}, "num_samples": torch.tensor(n),
                     "influence": torch.tensor(infl)})
-    new, diag = alg.aggregate(state, ups)
+    new, diag = alg.aggregate(state, ups, 1)
     assert math.isclose(float(new["params"]["backbone.gain"]), (1 * 1 + 4 * 3) / 4, rel_tol=1e-6)
     assert torch.allclose(new["params"]["prototypes"][0, 0], torch.tensor([2.0, 2.0]))
     assert torch.equal(new["params"]["prototypes"][1, 0], prev[1, 0])
     assert diag["unused_prototypes"] == 1
     plain = make(per_class=1, nia=False)
-    new, _ = plain.aggregate(state, ups)  # without NIA: FedAvg (n_k) on the prototypes too
+    new, _ = plain.aggregate(state, ups, 1)  # without NIA: FedAvg (n_k) on the prototypes too
     assert torch.allclose(new["params"]["prototypes"][1, 0], torch.tensor([5.0, 5.0]))
 
 
@@ -267,7 +267,7 @@ def test_wrap_model_is_idempotent_and_state_has_prototypes():
     assert alg.wrap_model(alg.model.backbone) is alg.model
     state = alg.init_state(alg.model)
     assert state["params"]["prototypes"].shape == (3, 3, 2)
-    assert alg.upload_shapes()["influence"] == (3, 3)
+    assert alg.upload_spec()["influence"] == UploadEntry((3, 3), count=True)
 
 
 # ---- whole runs ----
@@ -290,16 +290,16 @@ def test_end_to_end_digits(tmp_path, per_class):
     assert json.loads((out / "summary.json").read_text())["algorithm"] == "fedproin"
 
 
-def test_augment_uses_client_class_counts():
+def test_pipeline_augments_by_client_class_counts():
     alg = make(num_classes=2)
     x = torch.rand(400, 1, 6, 6, generator=torch.Generator().manual_seed(0)) + 0.5
     y = torch.tensor([0, 1] * 200)
-    ctx = {"class_counts": torch.tensor([30.0, 10.0])}  # p = 0 for class 0, 2/3 for class 1
-    out = alg.augment(x, y, torch.Generator().manual_seed(1), ctx)
+    counts = torch.tensor([30, 10])  # p = 0 for class 0, 2/3 for class 1
+    out = alg.pipeline.transform(x, y, torch.Generator().manual_seed(1), counts)
     changed = (out - x).flatten(1).abs().amax(1) > 1e-6
     assert not changed[y == 0].any()
     assert abs(float(changed[y == 1].float().mean()) - 2 / 3) < 0.08
     off = make(num_classes=2, adaptive_augment=False)
-    assert off.augment(x, y, torch.Generator().manual_seed(1), ctx) is x
-    order = alg.epoch_order(torch.tensor([0, 0, 0, 1]), torch.Generator().manual_seed(0))
+    assert off.pipeline.transform is None
+    order = alg.pipeline.order(torch.tensor([0, 0, 0, 1]), torch.Generator().manual_seed(0))
     assert len(order) == 3 * 2  # class-balanced epoch: max_c n_c * C_local draws

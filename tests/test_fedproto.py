@@ -55,7 +55,7 @@ def test_server_mean_over_holding_clients_and_single_holder():
          "counts": torch.tensor([3.0, 1.0, 0.0]), "num_samples": torch.tensor(4.0)}
     b = {"protos": torch.tensor([[3.0, 5.0], [0.0, 0.0], [0.0, 0.0]]),
          "counts": torch.tensor([1.0, 0.0, 0.0]), "num_samples": torch.tensor(1.0)}
-    new, _ = alg.aggregate(state, [a, b])
+    new, _ = alg.aggregate(state, [a, b], 1)
     # class 0: plain mean over the two holders (not count-weighted: that would be [1.5, 2]);
     # class 1: its only holder's prototype; class 2: nobody holds it, keeps the previous one
     assert new["protos"].tolist() == [[2.0, 3.0], [2.0, 2.0], [7.0, 7.0]]
@@ -85,7 +85,7 @@ def test_personal_weights_and_upload():
     params = {k: v + 1.0 for k, v in start["params"].items()}
     x, y = torch.randn(5, 2), torch.tensor([0, 0, 1, 1, 1])
     up, own = alg.client_end(model, params, start["buffers"], glob, {}, {}, x, y)
-    validate_upload(up, alg.upload_shapes())
+    validate_upload(up, alg.upload_spec())
     assert "params" not in up and up["counts"].tolist() == [2.0, 3.0, 0.0]
     again = alg.local_start(glob, own)
     assert all(torch.equal(again["params"][k], params[k]) for k in params)

@@ -17,6 +17,7 @@ from protofl.algorithms.fedtgp import (
 from protofl.algorithms.registry import make_algorithm
 from protofl.errors import ProtoflError
 from protofl.models.nets import Mlp
+from protofl.seeding import SERVER, torch_gen
 
 Q = torch.tensor([[0.0, 0.0], [3.0, 0.0], [0.0, 4.0], [10.0, 10.0]])
 PRESENT = torch.tensor([True, True, True, False])
@@ -64,19 +65,25 @@ def test_server_training_lowers_loss_and_is_seeded():
     assert all(torch.equal(g1[k], g2[k]) for k in g1)
 
 
-def test_aggregate_round_counter_and_present():
+def test_aggregate_seeded_by_round_and_present():
     torch.manual_seed(0)
     model = Mlp(2, 3, hidden=(4, 2))
-    alg = make_algorithm("fedtgp", {"server_epochs": 3}, model, 3)
+    alg = make_algorithm("fedtgp", {"server_epochs": 3, "server_batch": 1}, model, 3)
     assert alg.opts.lam == 10.0 and alg.opts.server_epochs == 3 and alg.personalized
     state = alg.init_state(model)
     up = {"protos": torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]),
           "counts": torch.tensor([2.0, 5.0, 0.0]), "num_samples": torch.tensor(7.0)}
-    new, diag = alg.aggregate(state, [up])
-    again, _ = alg.aggregate(state, [up])
-    assert int(new["round"]) == 1 and new["present"].tolist() == [1.0, 1.0, 0.0]
+    new, diag = alg.aggregate(state, [up], 1)
+    again, _ = alg.aggregate(state, [up], 1)
+    later, _ = alg.aggregate(state, [up], 2)
+    assert "round" not in new and new["present"].tolist() == [1.0, 1.0, 0.0]
     assert diag["margin"] == pytest.approx(math.sqrt(2.0))
     assert torch.equal(new["protos"], again["protos"])  # same round, same seed: same result
+    # the round keys the server's mini-batch order: (the state's seed, SERVER, round)
+    want, _ = train_generator(state["generator"], up["protos"][:2], torch.tensor([0, 1]),
+                              torch.tensor(math.sqrt(2.0)), alg.opts,
+                              torch_gen(int(state["seed"]), SERVER, 2))
+    assert all(torch.allclose(later["generator"][k], want[k]) for k in want)
     assert "params" not in new
 
 

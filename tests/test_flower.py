@@ -28,7 +28,6 @@ from flwr.app import Context, Message, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
-from protofl.algorithms.base import flatten  # noqa: E402
 from protofl.algorithms.registry import ALGORITHMS  # noqa: E402
 from protofl.config import Config, config_from_dict  # noqa: E402
 from protofl.engine.experiment import Experiment  # noqa: E402
@@ -37,8 +36,10 @@ from protofl.flower import client_app as protofl_client  # noqa: E402
 from protofl.flower.records import tree_from_records, tree_to_records  # noqa: E402
 from protofl.flower.server_app import LOG_FILE, run_on_grid  # noqa: E402
 from protofl.flower.setup import check_partitions, config_from_run  # noqa: E402
+from protofl.nested import flatten  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent  # flwr's commands installed beside this interpreter
 CLIENTS = 3
 POISON_ONE, POISON_ALL = 7, 8  # seeds of the runs whose clients send NaN prototypes
 
@@ -174,7 +175,7 @@ def test_flower_simulation_matches_engine(simulated, algorithm):
         pytest.skip(f"{algorithm} is not registered in algorithms/registry.py yet")
     assert algorithm in simulated, "the simulation did not run this case"
     exp = simulated[algorithm]
-    assert exp.round == 2 and exp.trainer_name == "flower"
+    assert exp.round == 2 and exp.trainer.name == "flower"
     ref = Experiment(simulated["cases"][algorithm])
     ref_summary = ref.run()
     a, b = flatten(exp.state), flatten(ref.state)
@@ -253,13 +254,15 @@ class Deployment:
                                             stderr=subprocess.STDOUT, start_new_session=True)
 
     def up(self, nodes: int) -> None:
-        self.start("superlink", ["flower-superlink", "--insecure", "--host", "127.0.0.1",
+        self.start("superlink", [str(BIN / "flower-superlink"), "--insecure",
+                                 "--host", "127.0.0.1",
                                  "--port", str(self.port),
                                  "--disable-runtime-dependency-installation"])
         wait_for(lambda: self._listening(self.port), 60, "the SuperLink")
         for k in range(nodes):
             self.start(f"node{k}", [
-                "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
+                str(BIN / "flower-supernode"), "--insecure",
+                "--superlink", f"127.0.0.1:{self.port}",
                 "--host", "127.0.0.1", "--port", str(free_port()),
                 "--node-config", f"partition-id={k} num-partitions={nodes}"])
         wait_for(lambda: self.log("superlink").count("Activated node_id") >= nodes, 90,
@@ -277,7 +280,8 @@ class Deployment:
         overrides = (f'out="{out}" round-timeout={round_timeout} node-wait=60.0 '
                      f'num-server-rounds={cfg.rounds} config="{self.root / "cfg.json"}" set=""')
         (self.root / "cfg.json").write_text(json.dumps(cfg.to_dict()))
-        res = subprocess.run(["flwr", "run", str(REPO), "test", "--run-config", overrides],
+        res = subprocess.run([str(BIN / "flwr"), "run", str(REPO), "test",
+                              "--run-config", overrides],
                              env=self.env, cwd=self.root, capture_output=True, text=True,
                              timeout=120)
         assert res.returncode == 0 and "Successfully started run" in res.stdout, (

@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from protofl.algorithms import prototypes as pm
+from protofl.algorithms import prototype_math as pm
 
 
 def test_class_means_by_hand():

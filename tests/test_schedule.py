@@ -26,12 +26,12 @@ def test_stragglers_partial_work_or_dropped():
     jobs = assign_work(active, 20, 0.5, True, np_rng(3))
     slow = [j for j in jobs if j.straggler]
     assert len(jobs) == 10 and len(slow) == 5
-    assert all(1 <= j.amount <= 19 for j in slow)
-    assert all(j.amount == 20 for j in jobs if not j.straggler)
+    assert all(1 <= j.units <= 19 for j in slow)
+    assert all(j.units == 20 for j in jobs if not j.straggler)
     dropped = assign_work(active, 20, 0.5, False, np_rng(3))
     assert len(dropped) == 5 and not any(j.straggler for j in dropped)
     # the straggler epochs are uniform on 1..E-1
-    amounts = [j.amount for t in range(3000)
+    amounts = [j.units for t in range(3000)
                for j in assign_work(active, 4, 0.5, True, np_rng(9, t)) if j.straggler]
     freq = np.bincount(amounts, minlength=4)[1:] / len(amounts)
     assert np.allclose(freq, 1 / 3, atol=0.02)

@@ -9,14 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-from protofl.algorithms.base import flatten
 from protofl.algorithms.registry import ALGORITHMS, make_algorithm
 from protofl.data.federated import from_client_lists
 from protofl.engine import optim, vectorized
-from protofl.engine.experiment import select_trainer
 from protofl.engine.schedule import Job
-from protofl.engine.train import LocalSetup, train_sequential
+from protofl.engine.train import LocalSetup, RoundContext, SequentialTrainer
+from protofl.engine.vectorized import VectorizedTrainer, choose_trainer
 from protofl.models.nets import Mlp, ProtoNet
+from protofl.nested import flatten
 
 C = 3
 
@@ -52,6 +52,17 @@ def assert_same(a: dict, b: dict, tol: float = 1e-9) -> None:
             assert va == vb, k
 
 
+def train_sequential(alg, model, glob, jobs, data, client_states, s, rnd):
+    assert model is alg.model
+    return SequentialTrainer().train(RoundContext(alg, glob, jobs, data, client_states, s, rnd))
+
+
+def train_vectorized(alg, model, glob, jobs, data, client_states, s, rnd, budget=None):
+    assert model is alg.model
+    rc = RoundContext(alg, glob, jobs, data, client_states, s, rnd)
+    return VectorizedTrainer(budget).train(rc)
+
+
 def assert_results_equal(seq, vec):
     assert [r.client for r in seq] == [r.client for r in vec]
     for r, v in zip(seq, vec):
@@ -76,13 +87,13 @@ SETUPS = {
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_one_round_equals_sequential(float64, monkeypatch, name, setup):
     s = SETUPS[setup]
-    monkeypatch.setattr(vectorized, "train_sequential", None)  # no silent fallback
+    monkeypatch.setattr(vectorized, "SequentialTrainer", None)  # no silent fallback
     data = federation()
     torch.manual_seed(0)
     model = Mlp(5, C, hidden=(8, 6))
     alg = make_algorithm(name, TEST_OPTIONS.get(name, {}), model, C)
     model = alg.model
-    reason = vectorized.vectorize_reason(alg, model)
+    reason = vectorized.vectorize_reason(model)
     if reason is not None:  # say why, never skip silently
         assert isinstance(reason, str) and reason
         return
@@ -93,12 +104,12 @@ def test_one_round_equals_sequential(float64, monkeypatch, name, setup):
     for rnd in (1, 2):  # round 2 starts from the client states round 1 left
         glob = alg.broadcast(state)
         seq = train_sequential(alg, model, glob, jobs, data, client_states, s, rnd)
-        vec = vectorized.train_vectorized(alg, model, glob, jobs, data, client_states, s, rnd)
+        vec = train_vectorized(alg, model, glob, jobs, data, client_states, s, rnd)
         assert_results_equal(seq, vec)
         for r in seq:
             if r.state:
                 client_states[r.client] = r.state
-        state, _ = alg.aggregate(state, [r.upload for r in seq])
+        state, _ = alg.aggregate(state, [r.upload for r in seq], rnd)
 
 
 def test_chunks_give_the_same_result(float64):
@@ -108,9 +119,9 @@ def test_chunks_give_the_same_result(float64):
     alg = make_algorithm("fedprox", {"mu": 0.5}, model, C)
     glob = alg.broadcast(alg.init_state(model))
     jobs = [Job(k, a) for k, a in enumerate((4, 2, 4, 1, 3))]
-    whole = vectorized.train_vectorized(alg, model, glob, jobs, data, {}, s, 1)
-    assert vectorized.chunk_size(model, glob, data.x_train, 4, s, 1) == 1
-    one_by_one = vectorized.train_vectorized(alg, model, glob, jobs, data, {}, s, 1, budget=1)
+    whole = train_vectorized(alg, model, glob, jobs, data, {}, s, 1)
+    assert vectorized.chunk_size(model, glob, data.x_train, 4, 1) == 1
+    one_by_one = train_vectorized(alg, model, glob, jobs, data, {}, s, 1, budget=1)
     assert_results_equal(whole, one_by_one)
 
 
@@ -130,10 +141,11 @@ def test_optimizers_match_torch(float64, opt, momentum, wd):
         before = {k: v[n:].clone() for k, v in stacked.items()}
         optim.step_({k: v[:n] for k, v in stacked.items()},
                     {k: torch.stack([grads[i][t][k] for i in range(n)]) for k in stacked},
-                    {k: v[:n] for k, v in state.items()}, s)
+                    state.head(n), s)
         for k in stacked:
             assert torch.equal(stacked[k][n:], before[k])
-    assert state["step"].tolist() == steps
+    assert state.step.tolist() == steps
+    assert isinstance(state, optim.AdamState if opt == "adam" else optim.SgdState)
     for i, n in enumerate(steps):
         ref = {k: v[i].clone().requires_grad_(True) for k, v in start.items()}
         if opt == "adam":
@@ -164,37 +176,35 @@ def test_batchnorm_falls_back_and_logs_once(float64, caplog, monkeypatch):
     data = federation()
     model = BnNet()
     alg = make_algorithm("fedavg", {}, model, C)
-    reason = vectorized.vectorize_reason(alg, model)
+    reason = vectorized.vectorize_reason(model)
     assert reason is not None and "BatchNorm1d" in reason
     with caplog.at_level(logging.INFO, logger="protofl"):
-        trainer, name = select_trainer("vectorized", alg, model)
-    assert name == "sequential" and trainer is train_sequential
+        trainer = choose_trainer("vectorized", model)
+    assert trainer.name == "sequential" and isinstance(trainer, SequentialTrainer)
     assert sum("BatchNorm1d" in r.getMessage() for r in caplog.records) == 1
     caplog.clear()
     s = SETUPS["sgd-momentum-steps"]
     glob = alg.broadcast(alg.init_state(model))
     jobs = [Job(0, 2), Job(3, 2)]
     with caplog.at_level(logging.INFO, logger="protofl"):
-        vec = [vectorized.train_vectorized(alg, model, glob, jobs, data, {}, s, r)
+        vec = [train_vectorized(alg, model, glob, jobs, data, {}, s, r)
                for r in (1, 1)]
     assert sum("BatchNorm1d" in r.getMessage() for r in caplog.records) == 1
     assert_results_equal(train_sequential(alg, model, glob, jobs, data, {}, s, 1), vec[0])
 
 
-def test_not_vectorizable_algorithm_says_why():
+def test_dropout_model_says_why():
     model = Mlp(5, C, hidden=(8, 6))
-    alg = make_algorithm("fedavg", {}, model, C)
-    alg.vectorizable = False
-    assert "vectorizable = False" in vectorized.vectorize_reason(alg, model)
-    assert vectorized.vectorize_reason(make_algorithm("fedavg", {}, model, C), model) is None
+    assert vectorized.vectorize_reason(model) is None
+    model.body.append(nn.Dropout(0.1))
+    assert "Dropout" in vectorized.vectorize_reason(model)
 
 
 def test_auto_picks_vectorized_when_possible():
     model = Mlp(5, C, hidden=(8, 6))
-    alg = make_algorithm("fedavg", {}, model, C)
-    trainer, name = select_trainer("auto", alg, model)
-    assert (trainer, name) == (vectorized.train_vectorized, "vectorized")
-    assert select_trainer("sequential", alg, model)[1] == "sequential"
+    trainer = choose_trainer("auto", model)
+    assert isinstance(trainer, VectorizedTrainer) and trainer.name == "vectorized"
+    assert choose_trainer("sequential", model).name == "sequential"
 
 
 def test_unstackable_context_falls_back(float64, caplog, monkeypatch):
@@ -203,7 +213,7 @@ def test_unstackable_context_falls_back(float64, caplog, monkeypatch):
     from protofl.algorithms.fedavg import FedAvg
 
     class SizedContext(FedAvg):
-        def client_begin(self, model, glob, client_state, x, y):
+        def client_begin(self, model, broadcast, client_state, x, y):
             return {"ones": torch.ones(len(y))}
 
     monkeypatch.setattr(vectorized, "_logged", set())
@@ -214,6 +224,6 @@ def test_unstackable_context_falls_back(float64, caplog, monkeypatch):
     jobs = [Job(0, 2), Job(1, 2)]
     s = SETUPS["sgd-momentum-steps"]
     with caplog.at_level(logging.INFO, logger="protofl"):
-        vec = vectorized.train_vectorized(alg, model, glob, jobs, data, {}, s, 1)
+        vec = train_vectorized(alg, model, glob, jobs, data, {}, s, 1)
     assert any("differ in shape" in r.getMessage() for r in caplog.records)
     assert_results_equal(train_sequential(alg, model, glob, jobs, data, {}, s, 1), vec)

@@ -1,0 +1,19 @@
+"""protofl: prototype-guided federated learning (fedmargin, fedproin and their baselines).
+
+The Python API (:mod:`protofl.api`) is importable from here: ``run_experiment``,
+``resume_experiment``, ``config_from_dict``, ``Experiment`` and ``Callback``.
+"""
+
+from __future__ import annotations
+
+_API = {"run_experiment": "protofl.api", "resume_experiment": "protofl.api",
+        "config_from_dict": "protofl.config", "load_raw": "protofl.config",
+        "Experiment": "protofl.engine.experiment", "Callback": "protofl.engine.callbacks"}
+
+
+def __getattr__(name: str):  # imported on first use: `import protofl` stays light
+    if name in _API:
+        import importlib
+
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'protofl' has no attribute {name!r}")

@@ -39,7 +39,7 @@ def _config(args) -> Config:
 
 
 def cmd_run(args) -> int:
-    from protofl.engine.experiment import resume_experiment, run_experiment
+    from protofl.api import resume_experiment, run_experiment
 
     if args.resume:
         summary = resume_experiment(Path(args.resume), progress=not args.quiet)
@@ -139,6 +139,17 @@ def cmd_tsne(args) -> int:
     return 0
 
 
+def _options_epilog() -> str:
+    """Every config key for ``protofl run --help`` (the same declarations as the docs)."""
+    from protofl.config import option_rows
+
+    lines = ["config keys (--set KEY=VALUE; algo.* options: see docs/configuration.md):"]
+    for key, default, allowed, text in option_rows():
+        lines.append(f"  {key} = {default}  [{allowed}]")
+        lines.append(f"      {text}")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="protofl", description="Prototype-guided federated learning. " + NAMES_NOTE)
     p.add_argument("-v", "--verbose", action="store_true", help="log more")
@@ -155,7 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
         if with_out:
             q.add_argument("--out", help="run folder (default: runs/<alg>_<data>_seed<s>_<time>)")
 
-    q = sub.add_parser("run", help="run one experiment (default: fedmargin on Synthetic(1,1))")
+    q = sub.add_parser("run", help="run one experiment (default: fedmargin on Synthetic(1,1))",
+                       epilog=_options_epilog(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     config_args(q)
     q.add_argument("--resume", metavar="DIR", help="continue a killed run from its checkpoint")
     q.add_argument("--overwrite", action="store_true", help="replace an existing run folder")

@@ -1,13 +1,18 @@
-"""The typed, validated experiment config.
+"""The typed, validated experiment config: one declaration per option.
 
-A config is a YAML/JSON mapping with the sections below; every key is checked up front and
-a wrong one stops the run with one line naming it and what is allowed.
+Every option is a dataclass field made with :func:`option`: its type (the annotation), its
+default, its range or choices and a one-line help. That one declaration validates configs and
+algorithm options (a wrong value stops the run with one line naming the key and what is
+allowed), writes the table of ``docs/configuration.md`` (:func:`markdown_table`) and the option
+list of ``protofl run --help``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,62 +23,153 @@ import yaml
 
 from protofl.errors import ProtoflError
 
+SEED_MAX = 2**32 - 1  # numpy and torch both take seeds in [0, 2^32)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What an option allows besides its type: choices or a numeric range."""
+
+    help: str
+    choices: tuple[Any, ...] = ()
+    ge: float | None = None  # value >= ge
+    gt: float | None = None  # value > gt
+    le: float | None = None
+    lt: float | None = None
+    path: bool = False  # a file or folder: '~' is expanded
+    fallback: Any = None  # what null means when the algorithm sets no default (resolve_defaults)
+
+    def allowed(self, hint: Any) -> str:
+        """The allowed values in words, e.g. ``an integer >= 1`` or ``sgd or adam``."""
+        if self.choices:
+            words = [str(c) for c in self.choices]
+            return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
+        kind = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+        base = _base(hint)
+        text = kind.get(base, getattr(base, "__name__", str(base)))
+        bounds = [f"{op} {_num(v)}" for op, v in ((">=", self.ge), (">", self.gt),
+                                                   ("<=", self.le), ("<", self.lt))
+                  if v is not None]
+        if len(bounds) == 2 and base is not int:
+            lo, hi = (self.ge, "[") if self.ge is not None else (self.gt, "(")
+            up, close = (self.le, "]") if self.le is not None else (self.lt, ")")
+            text = f"a number in {hi}{_num(lo)}, {_num(up)}{close}"
+        elif bounds:
+            text += " " + " and ".join(bounds)
+        return ("null or " + text) if _nullable(hint) else text
+
+    def ok(self, value: Any) -> bool:
+        if value is None:
+            return True
+        if self.choices:
+            return value in self.choices
+        return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+
+
+def option(default: Any, help: str, **rule: Any) -> Any:
+    """A declared option: ``x: float = option(0.5, "what it is", gt=0)``."""
+    meta = {"rule": Rule(help, **rule)}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() and abs(v) < 1e15 else f"{v:g}"
+
+
+def _nullable(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in (
+        typing.get_args(hint))
+
+
+def _base(hint: Any) -> Any:
+    """``int | None`` -> ``int``."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
+
 
 @dataclass
 class DataConfig:
-    name: str = "synthetic"
-    seed: int = 0  # the partition's seed: fixed across run seeds, so seeds vary training only
-    root: str | None = None  # folder holding the files of a real dataset
-    num_clients: int | None = None  # None: the dataset's own default
-    partition: str | None = None  # iid | classes | dirichlet | dirichlet_powerlaw
-    alpha: float = 0.5  # Dirichlet concentration
-    gamma: float = 3.0  # power-law exponent of client sizes
-    classes_per_client: int = 2
-    synthetic_alpha: float = 1.0
-    synthetic_beta: float = 1.0
-    local_test_fraction: float = 0.1
-    image_size: int | None = None  # resize images (medical sets); None: the dataset's default
-    max_samples: int | None = None  # cap the pool (quick experiments on big sets)
+    name: str = option("synthetic", "dataset (see `protofl datasets`)")
+    seed: int = option(0, "seed of the data generation and partition (fixed across run seeds, "
+                          "so seeds vary training only)", ge=0, le=SEED_MAX)
+    root: str | None = option(None, "folder (or file) holding a real dataset's files", path=True)
+    num_clients: int | None = option(None, "number of clients (null: the dataset's own)", ge=1)
+    partition: str | None = option(
+        None, "iid, classes (k per client, power-law sizes), dirichlet (label skew), "
+              "dirichlet_powerlaw (Dirichlet mix, power-law sizes); null: the dataset's own",
+        choices=("iid", "classes", "dirichlet", "dirichlet_powerlaw"))
+    alpha: float = option(0.5, "Dirichlet concentration", gt=0)
+    gamma: float = option(3.0, "power-law exponent of client sizes", gt=1)
+    classes_per_client: int = option(2, "k of the `classes` partition", ge=1)
+    synthetic_alpha: float = option(1.0, "α of Synthetic(α, β): how much local models differ",
+                                    ge=0)
+    synthetic_beta: float = option(1.0, "β of Synthetic(α, β): how much local data differ",
+                                   ge=0)
+    local_test_fraction: float = option(0.1, "share of each client's samples kept as its local "
+                                             "test split", ge=0, lt=1)
+    image_size: int | None = option(None, "resize images to this side (null: the dataset's "
+                                          "own)", ge=1)
+    max_samples: int | None = option(None, "cap the sample pool (quick runs on large sets)",
+                                     ge=1)
 
 
 @dataclass
 class ModelConfig:
-    name: str = "auto"  # auto: the dataset's paper model
-    norm: str = "group"  # ResNet normalisation: group | batch
-    pretrained: str | None = None  # local weights file
+    name: str = option("auto", "model (auto: the dataset's paper model; see docs)")
+    norm: str = option("group", "ResNet-18 normalisation (BatchNorm trains sequentially)",
+                       choices=("group", "batch"))
+    pretrained: str | None = option(None, "a local ImageNet state_dict for ResNet-18",
+                                    path=True)
 
 
 @dataclass
 class ClientConfig:
-    per_round: int = 10  # K'
-    local_epochs: int = 1  # E
-    local_steps: int | None = None  # if set, this many batches per round instead of epochs
-    batch_size: int = 10
-    optimizer: str = "sgd"  # sgd | adam
-    lr: float = 0.01
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    stragglers: float = 0.0  # delta: fraction of active clients doing partial work
-    tolerate_partial: bool | None = None  # None: the algorithm's default
-    sampling: str | None = None  # weighted | uniform; None: the algorithm's default
+    per_round: int = option(10, "K', active clients per round", ge=1)
+    local_epochs: int = option(1, "E, local epochs per round", ge=1)
+    local_steps: int | None = option(None, "if set, exactly this many local batches per round "
+                                           "instead of epochs", ge=1)
+    batch_size: int = option(10, "local batch size", ge=1)
+    optimizer: str = option("sgd", "local optimizer (its state lives for one round)",
+                            choices=("sgd", "adam"))
+    lr: float = option(0.01, "local learning rate", gt=0)
+    momentum: float = option(0.0, "SGD momentum", ge=0, lt=1)
+    weight_decay: float = option(0.0, "L2 weight decay of the local optimizer", ge=0)
+    stragglers: float = option(0.0, "δ, the share of active clients doing partial work",
+                               ge=0, lt=1)
+    tolerate_partial: bool | None = option(
+        None, "aggregate stragglers' partial work (true) or drop them (false)", fallback=False)
+    sampling: str | None = option(None, "client sampling: weighted (∝ n_k) or uniform",
+                                  choices=("weighted", "uniform"), fallback="uniform")
 
 
 @dataclass
 class MetricsConfig:
-    dissimilarity_clients: int = 30  # gradient dissimilarity over this many clients (0: off)
-    amm: bool = True
-    train_loss_samples: int = 20000  # training loss of the aggregate model on up to this many
-    eval_batch: int = 2048
+    dissimilarity_clients: int = option(30, "gradient dissimilarity over this many seeded "
+                                            "clients (0: off)", ge=0)
+    amm: bool = option(True, "log the aggregate mean margin (AMM)")
+    train_loss_samples: int = option(20000, "training loss of the aggregate model on up to "
+                                            "this many samples (0: off)", ge=0)
+    eval_batch: int = option(2048, "evaluation batch size", ge=1)
 
 
 @dataclass
 class Config:
-    algorithm: str = "fedmargin"
-    seed: int = 0
-    rounds: int = 50
-    eval_every: int = 1
-    checkpoint_every: int = 10
-    trainer: str = "auto"  # auto | sequential | vectorized
+    algorithm: str = option("fedmargin", "algorithm (see `protofl algorithms`)")
+    seed: int = option(0, "model initialisation, client sampling, stragglers, batch order",
+                       ge=0, le=SEED_MAX)
+    rounds: int = option(50, "communication rounds", ge=1)
+    eval_every: int = option(1, "evaluate (and log a line of metrics.jsonl) every N rounds; "
+                                "the last round always", ge=1)
+    checkpoint_every: int = option(10, "save the checkpoint every N rounds (0: never); the "
+                                       "last round always", ge=0)
+    trainer: str = option("auto", "vectorized (vmap over clients), sequential, or auto "
+                                  "(vectorized when the model and loss allow)",
+                          choices=("auto", "sequential", "vectorized"))
+    callbacks: list[str] = option([], "extra round callbacks, as `module:Class` import paths")
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     clients: ClientConfig = field(default_factory=ClientConfig)
@@ -83,105 +179,138 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def check(self) -> Config:
-        """Range checks that need no registry; algorithm and dataset names are checked where
-        they are looked up."""
-        c = self.clients
-        _need(self.rounds >= 1, "rounds", self.rounds, "an integer >= 1")
-        _need(self.eval_every >= 1, "eval_every", self.eval_every, "an integer >= 1")
-        _need(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, ">= 0")
-        _need(self.trainer in ("auto", "sequential", "vectorized"), "trainer", self.trainer,
-              "auto, sequential or vectorized")
-        _need(c.per_round >= 1, "clients.per_round", c.per_round, "an integer >= 1")
-        _need(c.local_epochs >= 1, "clients.local_epochs", c.local_epochs, "an integer >= 1")
-        _need(c.local_steps is None or c.local_steps >= 1, "clients.local_steps",
-              c.local_steps, "null or an integer >= 1")
-        _need(c.batch_size >= 1, "clients.batch_size", c.batch_size, "an integer >= 1")
-        _need(c.optimizer in ("sgd", "adam"), "clients.optimizer", c.optimizer, "sgd or adam")
-        _need(c.lr > 0, "clients.lr", c.lr, "a number > 0")
-        _need(0 <= c.momentum < 1, "clients.momentum", c.momentum, "a number in [0, 1)")
-        _need(0 <= c.stragglers < 1, "clients.stragglers", c.stragglers, "a number in [0, 1)")
-        _need(c.sampling in (None, "weighted", "uniform"), "clients.sampling", c.sampling,
-              "weighted or uniform")
-        _need(0 <= self.data.local_test_fraction < 1, "data.local_test_fraction",
-              self.data.local_test_fraction, "a number in [0, 1)")
-        _need(self.data.num_clients is None or self.data.num_clients >= 1, "data.num_clients",
-              self.data.num_clients, "an integer >= 1")
-        _need(self.metrics.dissimilarity_clients >= 0, "metrics.dissimilarity_clients",
-              self.metrics.dissimilarity_clients, ">= 0")
-        return self
 
+# ---- building and checking ----
 
-def _need(ok: bool, key: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ProtoflError(f"config: {key} = {value!r} is out of range; allowed: {allowed}")
-
-
-def _build(cls: type, raw: Any, where: str) -> Any:
+def build(cls: type, raw: Any, where: str = "") -> Any:
+    """An instance of the option dataclass ``cls`` from a raw mapping: unknown keys, wrong
+    types and values outside an option's declared rule raise one-line ProtoflErrors."""
     if not isinstance(raw, dict):
         raise ProtoflError(f"config: {where or 'the config'} must be a mapping, got {raw!r}")
     hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in raw.items():
         path = f"{where}.{key}" if where else str(key)
         if key not in fields:
             allowed = ", ".join(sorted(fields))
             raise ProtoflError(f"config: unknown key {path!r}; allowed: {allowed}")
-        kwargs[key] = _coerce(hints[key], value, path)
+        value = _coerce(hints[key], value, path)
+        rule = fields[key].metadata.get("rule")
+        if rule is not None:
+            if rule.path and isinstance(value, str):
+                value = os.path.expanduser(value)
+            if not rule.ok(value):
+                raise ProtoflError(f"config: {path} = {value!r} is out of range; allowed: "
+                                   f"{rule.allowed(hints[key])}")
+        kwargs[key] = value
     return cls(**kwargs)
+
+
+def _number(value: str) -> float | None:
+    """A numeric string as a float (YAML 1.1 reads ``1e-3`` as a string), else None."""
+    try:
+        return float(value.strip())
+    except ValueError:
+        return None
 
 
 def _coerce(hint: Any, value: Any, path: str) -> Any:
     if dataclasses.is_dataclass(hint):
-        return _build(hint, value, path)
+        return build(hint, value, path)
+    if value is None and _nullable(hint):
+        return None
+    hint = _base(hint)
     origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return None
-        hint = next(a for a in args if a is not type(None))
-        origin = typing.get_origin(hint)
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ProtoflError(f"config: {path} must be a mapping, got {value!r}")
+    if origin is dict and isinstance(value, dict):
         return dict(value)
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
+    if origin is list and isinstance(value, list):
+        (item,) = typing.get_args(hint)
+        return [_coerce(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, str) and hint in (int, float):
+        value = _number(value) if _number(value) is not None else value
+    if hint is bool and isinstance(value, bool):
+        return value
+    if hint is int and not isinstance(value, bool):
+        if isinstance(value, int):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
-    elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-    name = getattr(hint, "__name__", str(hint))
-    raise ProtoflError(f"config: {path} = {value!r} should be of type {name}")
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ProtoflError(f"config: {path} = {value!r} should be a finite number")
+        return float(value)
+    if hint is str and isinstance(value, str):
+        return value
+    kind = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    want = kind.get(hint) or ("a mapping" if origin is dict else "a list" if origin is list
+                              else getattr(hint, "__name__", str(hint)))
+    raise ProtoflError(f"config: {path} = {value!r} should be {want}")
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:
-    return _build(Config, raw, "").check()
+    return build(Config, raw)
 
+
+def declared(cls: type) -> list[tuple[str, Any, Any, Rule | None]]:
+    """``(name, type hint, default, rule)`` of every field of an option dataclass."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        out.append((f.name, hints[f.name], default, f.metadata.get("rule")))
+    return out
+
+
+def resolve_defaults(section: Any, defaults: dict[str, Any]) -> Any:
+    """``section`` (an option dataclass) with each null option that has a ``fallback`` set to
+    ``defaults[name]`` (an algorithm's paper setting) or else to its fallback."""
+    fill = {name: defaults.get(name, rule.fallback)
+            for name, _, _, rule in declared(type(section))
+            if rule is not None and rule.fallback is not None and getattr(section, name) is None}
+    return dataclasses.replace(section, **fill)
+
+
+def option_rows(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """``(key, default, allowed, help)`` of every declared option, sections flattened."""
+    rows = []
+    for name, hint, default, rule in declared(cls):
+        if dataclasses.is_dataclass(hint):
+            rows += option_rows(hint, f"{prefix}{name}.")
+        elif rule is not None:
+            shown = "–" if default is None else json.dumps(default, ensure_ascii=False)
+            if rule.fallback is not None:
+                shown = f"algorithm's, else {json.dumps(rule.fallback)}"
+            rows.append((f"{prefix}{name}", shown, rule.allowed(hint), rule.help))
+    return rows
+
+
+def markdown_table(cls: type = Config, prefix: str = "") -> str:
+    """The options of ``cls`` as a Markdown table (the one in docs/configuration.md)."""
+    lines = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
+    for key, default, allowed, text in option_rows(cls, prefix):
+        shown = default if default.startswith("algorithm's") else f"`{default}`"
+        lines.append(f"| `{key}` | {shown} | {allowed} | {text} |")
+    return "\n".join(lines)
+
+
+# ---- raw mappings: files and --set ----
 
 def load_raw(path: str | Path) -> dict[str, Any]:
     """Read a YAML or JSON config file into a mapping (one clear error when unreadable)."""
-    p = Path(path)
+    p = Path(os.path.expanduser(str(path)))
     try:
         text = p.read_text()
-    except OSError as e:
-        raise ProtoflError(f"config file {p}: {e.strerror or e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProtoflError(f"config file {p}: {getattr(e, 'strerror', None) or e}") from None
     try:
         raw = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ProtoflError(f"config file {p} is not valid YAML/JSON: {first}") from None
     if raw is None:
-        return {}
+        raise ProtoflError(f"config file {p} is empty; leave it out to run the defaults")
     if not isinstance(raw, dict):
         raise ProtoflError(f"config file {p} must hold a mapping at the top level")
     return raw
@@ -193,6 +322,8 @@ def apply_set(raw: dict[str, Any], assignment: str) -> None:
         raise ProtoflError(f"--set {assignment!r}: expected KEY=VALUE")
     key, text = assignment.split("=", 1)
     parts = key.strip().split(".")
+    if not all(parts):
+        raise ProtoflError(f"--set {assignment!r}: empty key")
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:

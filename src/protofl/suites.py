@@ -56,7 +56,8 @@ SUITES: dict[str, Suite] = {
          "fedatt": {"algorithm": "fedatt"}, "fedmargin": {"algorithm": "fedmargin"}},
     ),
     "fedmargin-options": Suite(
-        "fedmargin's reconstruction alternatives (ALGORITHMS.md) on the main job's data, 3 seeds",
+        "fedmargin's reconstruction alternatives (docs/algorithms.md) on the main job's data, "
+        "3 seeds",
         {"synthetic": SYNTHETIC, "digits-noniid": DIGITS_NONIID},
         {"default": {"algorithm": "fedmargin"},
          "reduce-mean": {"algorithm": "fedmargin", "algo": {"reduce": "mean"}},
@@ -105,8 +106,8 @@ def _one(args: tuple[dict, str, bool]) -> str:
     raw, out, progress = args
     import torch
 
+    from protofl.api import run_experiment
     from protofl.config import config_from_dict
-    from protofl.engine.experiment import run_experiment
 
     torch.set_num_threads(1)
     run_experiment(config_from_dict(raw), Path(out), overwrite=True, progress=progress)

@@ -1,42 +1,75 @@
 """What every federated algorithm is: a client part and a server part, over plain tensors.
 
-An algorithm never schedules anything. The engine (sequential or vectorized), and the Flower
-apps, call the same four functions::
+An algorithm never schedules anything. The trainers (sequential, vectorized, Flower) and the
+round loop call the same functions::
 
-    glob  = alg.broadcast(state)                                   # server -> client
-    ctx   = alg.client_begin(model, glob, client_state, x, y)      # before local training
-    loss  = alg.loss(model, params, buffers, x, y, w, ctx)         # functional, vmap-able
-    up, client_state = alg.client_end(model, params, buffers, glob, ctx, client_state, x, y)
-    state, diag = alg.aggregate(state, uploads)                    # client -> server
+    broadcast = alg.broadcast(state)                                    # server -> client
+    ctx  = alg.client_begin(model, broadcast, client_state, x, y)       # before local training
+    loss = alg.loss(model, params, buffers, x, y, w, ctx)               # functional, vmap-able
+    upload, client_state = alg.client_end(model, params, buffers, broadcast, ctx,
+                                          client_state, x, y)
+    state, diagnostics = alg.aggregate(state, uploads, round)           # client -> server
 
 ``params``/``buffers`` are name -> tensor dicts of the model; ``w`` weights each sample (1 for
 real rows, 0 for padding), so a loss is a weighted mean and padded batches change nothing.
-State, contexts and uploads are nested dicts of tensors: serialisable, checkpointed, and sent
-as Flower records as they are. Example (FedAvg, one round, two clients)::
+State, contexts and uploads are nested dicts of tensors (typed below per algorithm):
+serialisable, checkpointed, and sent as Flower records as they are.
+
+An algorithm also says what the rest of protofl may know about it, so nothing outside it
+names its keys: ``upload_spec`` (every upload entry's shape, and which are counts),
+``prototypes`` (the class prototypes an upload stands for), ``global_weights`` and
+``eval_weights`` (the weights the server evaluates), ``pipeline`` (how its clients batch
+their data) and ``client_defaults`` (its paper's local-training settings). Example (FedAvg,
+one round, two clients)::
 
     alg = make_algorithm("fedavg", {}, model, num_classes=10)
-    state = alg.init_state(model)
+    state = alg.init_state(alg.model)
     # ...each client trains from alg.broadcast(state) and returns alg.client_end(...)[0]
-    state, diag = alg.aggregate(state, [up_a, up_b])
+    state, diagnostics = alg.aggregate(state, [upload_a, upload_b], round=1)
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypedDict
 
 import torch
-import torch.nn.functional as F
 from torch.func import functional_call
 
-from protofl.algorithms import prototypes as proto_math
+from protofl import tasks
+from protofl.algorithms import prototype_math
+from protofl.config import build
+from protofl.data.pipeline import ClientPipeline
 from protofl.errors import ProtoflError
 from protofl.models.nets import ProtoNet
+from protofl.nested import flatten
 
 Tensors = dict[str, Any]  # nested dict of tensors
 
 
-@dataclasses.dataclass
+class Weights(TypedDict):
+    """A model's weights: parameters and buffers by name."""
+
+    params: Tensors
+    buffers: Tensors
+
+
+class WeightsUpload(Weights):
+    """FedAvg's upload: the locally trained weights and the client's sample count."""
+
+    num_samples: torch.Tensor
+
+
+@dataclass(frozen=True)
+class UploadEntry:
+    """One tensor of a valid upload: its shape, and whether it is a count (never negative)."""
+
+    shape: tuple[int, ...]
+    count: bool = False
+
+
+@dataclass
 class NoOptions:
     pass
 
@@ -52,6 +85,24 @@ def forward(model: torch.nn.Module, params: Tensors, buffers: Tensors, x: torch.
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(z, logits)`` of ``model`` evaluated with the given weights (stateless)."""
     return functional_call(model, {**params, **buffers}, (x,), strict=False)
+
+
+@torch.no_grad()
+def features(model: torch.nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor,
+             batch: int = 4096) -> torch.Tensor:
+    """The features ``z`` of every row of ``x``, computed ``batch`` rows at a time."""
+    if len(x) == 0:
+        return torch.empty(0, getattr(model, "feature_dim", 0))
+    return torch.cat([forward(model, params, buffers, x[i:i + batch])[0]
+                      for i in range(0, len(x), batch)])
+
+
+def class_prototypes(model: ProtoNet, params: Tensors, buffers: Tensors, x: torch.Tensor,
+                     y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Class-mean features of a client's data under the given weights: ``(C, d)``, ``(C,)``
+    (per pixel for segmentation labels)."""
+    z, labels = tasks.labelled_features(features(model, params, buffers, x), y)
+    return prototype_math.class_means(z, labels, num_classes)
 
 
 def weighted_mean(values: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -72,50 +123,41 @@ def weighted_average(trees: list[Tensors], weights: torch.Tensor) -> Tensors:
     return out
 
 
+def sample_weights(uploads: list[Tensors]) -> torch.Tensor:
+    """FedAvg's weights ``n_k / sum n`` (float64)."""
+    n = torch.stack([u["num_samples"] for u in uploads]).to(torch.float64)
+    return n / n.sum()
+
+
 class Algorithm:
     """Base: FedAvg's behaviour everywhere; subclasses override what differs."""
 
     name: ClassVar[str] = "base"
     description: ClassVar[str] = ""
-    Options: ClassVar[type] = NoOptions
-    tolerate_partial: ClassVar[bool] = False  # stragglers aggregated (True) or dropped
-    sampling: ClassVar[str] = "uniform"  # default client sampling
+    Options: ClassVar[type] = NoOptions  # a dataclass of declared options (config.option)
+    # the paper's settings of `clients.*` keys, used where the config leaves them null
+    client_defaults: ClassVar[dict[str, Any]] = {}
     personalized: ClassVar[bool] = False  # each client keeps and is evaluated with its own model
-    vectorizable: ClassVar[bool] = True  # loss is functional and vmap-safe
-    # option range checks, declared by name (see check_options)
-    choices: ClassVar[dict[str, tuple[str, ...]]] = {}
-    positive: ClassVar[tuple[str, ...]] = ()
-    nonnegative: ClassVar[tuple[str, ...]] = ()
-    at_least_one: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, options: dict[str, Any], model: ProtoNet, num_classes: int):
-        from protofl.config import _build  # one validator for configs and options
-
-        self.opts = _build(self.Options, dict(options), f"algo ({self.name})")
-        self.check_options()
+        self.opts = build(self.Options, dict(options), "algo")
         self.num_classes = num_classes
-        self.model = self.wrap_model(model)  # what the engine and the Flower apps train
-
-    def check_options(self) -> None:
-        """Check ``self.opts`` against the class's declared ``choices``, ``positive``,
-        ``nonnegative`` and ``at_least_one`` option names; one line naming the first bad one."""
-        o = self.opts
-        for key, allowed in self.choices.items():
-            if getattr(o, key) not in allowed:
-                raise ProtoflError(f"algo.{key} = {getattr(o, key)!r}; allowed: "
-                                   f"{', '.join(allowed)}")
-        for keys, ok, rule in ((self.positive, lambda v: v > 0, "> 0"),
-                               (self.nonnegative, lambda v: v >= 0, ">= 0"),
-                               (self.at_least_one, lambda v: v >= 1, "an integer >= 1")):
-            for key in keys:
-                if not ok(getattr(o, key)):
-                    raise ProtoflError(f"algo.{key} = {getattr(o, key)} must be {rule}")
+        self.pipeline = self.client_pipeline()
+        self.model = self.wrap_model(model)  # what the trainers and the Flower apps train
 
     def wrap_model(self, model: ProtoNet) -> ProtoNet:
         """The model the algorithm trains, built once from the plain one by the constructor
         and kept as ``self.model`` (default: unchanged; MOON adds a projection head, fedproin
         learnable prototypes)."""
         return model
+
+    def client_pipeline(self) -> ClientPipeline:
+        """How clients turn their data into batches (default: shuffled epochs, as stored)."""
+        return ClientPipeline()
+
+    def options(self) -> dict[str, Any]:
+        """Every option with its value (defaults filled in), for the resolved config."""
+        return dataclasses.asdict(self.opts)
 
     # ---- server side ----
     def init_state(self, model: ProtoNet) -> Tensors:
@@ -128,52 +170,74 @@ class Algorithm:
 
     def aggregation_weights(self, uploads: list[Tensors], state: Tensors
                             ) -> tuple[torch.Tensor, Tensors]:
-        """FedAvg: ``n_k / sum n``."""
-        n = torch.stack([u["num_samples"] for u in uploads]).to(torch.float64)
-        return n / n.sum(), {}
+        """The weights ``a[k]`` of the clients' models (FedAvg: ``n_k / sum n``) and
+        diagnostics."""
+        return sample_weights(uploads), {}
 
-    def aggregate(self, state: Tensors, uploads: list[Tensors]) -> tuple[Tensors, Tensors]:
-        """New server state from the valid uploads of a round (at least one)."""
+    def aggregate(self, state: Tensors, uploads: list[Tensors], round: int
+                  ) -> tuple[Tensors, Tensors]:
+        """New server state from the valid uploads (at least one) of round ``round``, and
+        diagnostics for the metrics line; ``weights`` are the aggregation weights used."""
         a, diag = self.aggregation_weights(uploads, state)
         new = dict(state)
         new["params"] = weighted_average([u["params"] for u in uploads], a)
         new["buffers"] = weighted_average([u["buffers"] for u in uploads], a) if uploads[0][
             "buffers"] else {}
-        diag = {"weights": a.tolist(), **diag}
-        return new, diag
+        return new, {"weights": a.tolist(), **diag}
+
+    def global_weights(self, state: Tensors) -> Weights | None:
+        """The aggregate model's weights (None for personalised methods, which have none)."""
+        return {"params": state["params"], "buffers": state["buffers"]}
+
+    def eval_weights(self, state: Tensors, client_state: Tensors) -> Weights | None:
+        """The weights a client's local test split is scored with: the aggregate model's, or
+        (personalised methods) the client's own, None while it has none."""
+        if self.personalized:
+            return ({"params": client_state["params"], "buffers": client_state["buffers"]}
+                    if "params" in client_state else None)
+        return self.global_weights(state)
 
     # ---- client side ----
-    def client_begin(self, model: ProtoNet, glob: Tensors, client_state: Tensors,
+    def client_begin(self, model: ProtoNet, broadcast: Tensors, client_state: Tensors,
                      x: torch.Tensor, y: torch.Tensor) -> Tensors:
         """Per-client constants for the loss (a pytree of tensors)."""
         return {}
 
-    def local_start(self, glob: Tensors, client_state: Tensors) -> Tensors:
+    def local_start(self, broadcast: Tensors, client_state: Tensors) -> Weights:
         """The weights local training starts from (default: the global ones; personalised
         methods start from the client's own)."""
-        return {"params": glob["params"], "buffers": glob["buffers"]}
+        return {"params": broadcast["params"], "buffers": broadcast["buffers"]}
 
     def loss(self, model: ProtoNet, params: Tensors, buffers: Tensors, x: torch.Tensor,
              y: torch.Tensor, w: torch.Tensor, ctx: Tensors) -> torch.Tensor:
         """Weighted mean local loss: cross-entropy."""
         _, logits = forward(model, params, buffers, x)
-        return weighted_mean(F.cross_entropy(logits, y, reduction="none"), w)
+        return weighted_mean(tasks.per_sample_cross_entropy(logits, y), w)
 
-    def client_end(self, model: ProtoNet, params: Tensors, buffers: Tensors, glob: Tensors,
+    def client_end(self, model: ProtoNet, params: Tensors, buffers: Tensors, broadcast: Tensors,
                    ctx: Tensors, client_state: Tensors, x: torch.Tensor, y: torch.Tensor
                    ) -> tuple[Tensors, Tensors]:
         """The upload and the client's new persistent state."""
-        return {"params": params, "buffers": buffers,
-                "num_samples": torch.tensor(float(len(y)), dtype=torch.float64)}, client_state
+        upload: WeightsUpload = {"params": params, "buffers": buffers,
+                                 "num_samples": torch.tensor(float(len(y)), dtype=torch.float64)}
+        return dict(upload), client_state
 
-    def epoch_order(self, y: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        """Sample order of one local epoch (default: a fresh permutation)."""
-        return torch.randperm(len(y), generator=gen)
+    # ---- what the rest of protofl may know of an upload ----
+    def upload_spec(self) -> dict[str, UploadEntry]:
+        """Every tensor a valid upload holds, by flattened key (validates client replies)."""
+        params, buffers = split_state(self.model)
+        spec = {f"params.{k}": UploadEntry(tuple(v.shape)) for k, v in params.items()}
+        spec.update({f"buffers.{k}": UploadEntry(tuple(v.shape)) for k, v in buffers.items()})
+        spec["num_samples"] = UploadEntry((), count=True)
+        return spec
 
-    def augment(self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator,
-                ctx: Tensors) -> torch.Tensor:
-        """Per-batch data augmentation (default: none); ``ctx`` is the client's context."""
-        return x
+    def prototypes(self, upload: Tensors, x: torch.Tensor, y: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The class prototypes ``(C, d)`` and class counts ``(C,)`` an upload stands for (AMM
+        and the feature analyses): by default the class means of the uploaded model's features
+        on the client's data ``x, y``; algorithms that upload prototypes return those."""
+        return class_prototypes(self.model, upload["params"], upload["buffers"], x, y,
+                                self.num_classes)
 
     # ---- evaluation ----
     def predict(self, model: ProtoNet, params: Tensors, buffers: Tensors, state: Tensors,
@@ -181,51 +245,21 @@ class Algorithm:
         """Class scores (argmax is the prediction)."""
         return forward(model, params, buffers, x)[1]
 
-    def upload_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Shape of every tensor a valid upload holds (used to validate client replies)."""
-        params, buffers = split_state(self.model)
-        shapes = {f"params.{k}": tuple(v.shape) for k, v in params.items()}
-        shapes.update({f"buffers.{k}": tuple(v.shape) for k, v in buffers.items()})
-        shapes["num_samples"] = ()
-        return shapes
 
-
-def client_prototypes(model: ProtoNet, params: Tensors, buffers: Tensors, x: torch.Tensor,
-                      y: torch.Tensor, num_classes: int, batch: int = 4096
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Class-mean features of a client's data under the given weights: ``(C, d)``, ``(C,)``."""
-    with torch.no_grad():
-        z = torch.cat([forward(model, params, buffers, x[i:i + batch])[0]
-                       for i in range(0, len(x), batch)])
-    return proto_math.class_means(z, y, num_classes)
-
-
-def flatten(tree: Tensors, prefix: str = "") -> dict[str, torch.Tensor]:
-    """Nested dict of tensors -> flat ``a.b.c`` keys (for validation and Flower records)."""
-    out = {}
-    for k, v in tree.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def validate_upload(upload: Tensors, shapes: dict[str, tuple[int, ...]]) -> None:
+def validate_upload(upload: Tensors, spec: dict[str, UploadEntry]) -> None:
     """Raise ProtoflError naming the first problem: a missing key, a wrong shape, NaN/Inf or a
     negative count."""
     flat = flatten(upload)
-    for key, shape in shapes.items():
+    for key, entry in spec.items():
         if key not in flat:
             raise ProtoflError(f"upload lacks {key!r}")
         t = flat[key]
         if not isinstance(t, torch.Tensor):
             raise ProtoflError(f"upload {key!r} is not a tensor")
-        if tuple(t.shape) != tuple(shape):
-            raise ProtoflError(f"upload {key!r} has shape {tuple(t.shape)}, expected {shape}")
+        if tuple(t.shape) != tuple(entry.shape):
+            raise ProtoflError(f"upload {key!r} has shape {tuple(t.shape)}, expected "
+                               f"{entry.shape}")
         if t.is_floating_point() and not torch.isfinite(t).all():
             raise ProtoflError(f"upload {key!r} holds NaN or Inf")
-        if (key == "num_samples" or key.endswith("counts") or key == "influence") and (
-                t < 0).any():
+        if entry.count and (t < 0).any():
             raise ProtoflError(f"upload {key!r} holds a negative count")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 
 from protofl.algorithms.base import Algorithm, Tensors
+from protofl.config import option
 
 
 class FedAvg(Algorithm):
@@ -21,18 +23,21 @@ def proximal_term(params: Tensors, anchor: Tensors) -> torch.Tensor:
 
 @dataclass
 class ProxOptions:
-    mu: float = 0.01
+    mu: float = option(0.01, "weight of the proximal term mu/2 ||W - W^t||^2", ge=0)
+
+
+class ProxContext(TypedDict):
+    anchor: Tensors  # the received global parameters W^t
 
 
 class FedProx(Algorithm):
     name = "fedprox"
     description = "FedProx (Li et al.): local loss + mu/2 ||W - W^t||^2; partial work tolerated"
     Options = ProxOptions
-    tolerate_partial = True
-    nonnegative = ("mu",)
+    client_defaults = {"tolerate_partial": True}
 
-    def client_begin(self, model, glob, client_state, x, y):
-        return {"anchor": glob["params"]}
+    def client_begin(self, model, broadcast, client_state, x, y) -> ProxContext:
+        return {"anchor": broadcast["params"]}
 
     def loss(self, model, params, buffers, x, y, w, ctx):
         return super().loss(model, params, buffers, x, y, w, ctx) + 0.5 * self.opts.mu * (
@@ -41,28 +46,31 @@ class FedProx(Algorithm):
 
 @dataclass
 class AttOptions:
-    epsilon: float = 1.2
+    epsilon: float = option(1.2, "server step size of the attentive update", gt=0)
 
 
 class FedAtt(Algorithm):
     name = "fedatt"
     description = "FedAtt (Ji et al.): per-layer softmax attention over ||w - w_k||, step epsilon"
     Options = AttOptions
-    positive = ("epsilon",)
 
-    def aggregate(self, state, uploads):
-        new, diag = super().aggregate(state, uploads)  # buffers (if any) by FedAvg
-        new["params"] = attentive_update(state["params"], [u["params"] for u in uploads],
-                                         self.opts.epsilon)
+    def aggregate(self, state, uploads, round):
+        new, diag = super().aggregate(state, uploads, round)  # buffers (if any) by FedAvg
+        new["params"], alpha = attentive_update(state["params"], [u["params"] for u in uploads],
+                                                self.opts.epsilon)
+        diag["weights"] = alpha.mean(0).tolist()  # the attention actually used, mean over tensors
         return new, diag
 
 
-def attentive_update(glob: Tensors, locals_: list[Tensors], epsilon: float) -> Tensors:
+def attentive_update(current: Tensors, locals_: list[Tensors], epsilon: float
+                     ) -> tuple[Tensors, torch.Tensor]:
     """Per tensor l: ``s_k = ||w^l - w_k^l||``, ``alpha = softmax_k(s)``,
-    ``w^l <- w^l - epsilon * sum_k alpha_k (w^l - w_k^l)``."""
-    out = {}
-    for name, w in glob.items():
+    ``w^l <- w^l - epsilon * sum_k alpha_k (w^l - w_k^l)``. Returns the new tensors and the
+    attention ``(tensors, K)``."""
+    out, alphas = {}, []
+    for name, w in current.items():
         diffs = torch.stack([w - loc[name] for loc in locals_])
         alpha = torch.softmax(diffs.flatten(1).norm(dim=1), dim=0)
         out[name] = w - epsilon * (alpha.reshape(-1, *([1] * w.dim())) * diffs).sum(0)
-    return out
+        alphas.append(alpha)
+    return out, torch.stack(alphas).to(torch.float64)

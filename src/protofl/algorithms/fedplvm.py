@@ -31,7 +31,16 @@ import torch
 import torch.nn.functional as F
 
 from protofl.algorithms import finch
-from protofl.algorithms.base import Algorithm, forward, weighted_mean
+from protofl.algorithms.base import (
+    Algorithm,
+    UploadEntry,
+    Weights,
+    WeightsUpload,
+    features,
+    forward,
+    weighted_mean,
+)
+from protofl.config import option
 
 SPARSE_EPS = 1e-4  # |cos| floor inside |cos|^alpha
 ABSENT = -1e4  # similarity logit of a padding slot (exp() is 0, no NaN)
@@ -39,12 +48,24 @@ ABSENT = -1e4  # similarity logit of a padding slot (exp() is 0, no NaN)
 
 @dataclass
 class FedPLVMOptions:
-    lam: float = 100.0  # weight of L_alpha + L_corr
-    alpha: float = 0.25  # sparsity exponent
-    tau: float = 0.07  # temperature
-    max_local: int = 8  # prototypes per class a client uploads (at most)
-    max_global: int = 8  # global prototypes per class (at most)
-    level: str = "last"  # FINCH partition used: last (coarsest) | first (finest)
+    lam: float = option(100.0, "weight of L_alpha + L_corr", ge=0)
+    alpha: float = option(0.25, "sparsity exponent", gt=0)
+    tau: float = option(0.07, "temperature", gt=0)
+    max_local: int = option(8, "prototypes per class a client uploads (at most)", ge=1)
+    max_global: int = option(8, "global prototypes per class (at most)", ge=1)
+    level: str = option("last", "FINCH partition used: last (coarsest) or first (finest)",
+                        choices=("last", "first"))
+
+
+class PLVMState(Weights):
+    global_protos: torch.Tensor  # (C, max_global, d), zero-padded
+    global_mask: torch.Tensor  # (C, max_global), 1 for a real prototype
+
+
+class PLVMUpload(WeightsUpload):
+    local_protos: torch.Tensor  # (C, max_local, d), zero-padded
+    local_mask: torch.Tensor  # (C, max_local)
+    counts: torch.Tensor  # (C,)
 
 
 def sparse_similarity(z: torch.Tensor, protos: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -83,6 +104,19 @@ def masked_mean(protos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (w * protos).sum(1) / w.sum(1).clamp_min(1.0)
 
 
+def cluster_means(rows: torch.Tensor, limit: int, level: str
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """FINCH (cosine) on ``rows``: the cluster means zero-padded to ``(limit, d)`` and the
+    mask ``(limit,)`` of the real ones (the smallest clusters beyond ``limit`` are dropped)."""
+    labels = finch.select(finch.finch(rows, "cosine"), level)
+    means, _ = finch.cluster_means(rows, labels, limit)
+    protos = torch.zeros(limit, rows.shape[1], dtype=rows.dtype)
+    mask = torch.zeros(limit, dtype=rows.dtype)
+    protos[:len(means)] = means.to(rows.dtype)
+    mask[:len(means)] = 1.0
+    return protos, mask
+
+
 def cluster_classes(z: torch.Tensor, y: torch.Tensor, num_classes: int, limit: int,
                     level: str) -> tuple[torch.Tensor, torch.Tensor]:
     """FINCH (cosine) on each class's rows: padded cluster means ``(C, limit, d)`` and the mask
@@ -90,11 +124,7 @@ def cluster_classes(z: torch.Tensor, y: torch.Tensor, num_classes: int, limit: i
     protos = torch.zeros(num_classes, limit, z.shape[1], dtype=z.dtype)
     mask = torch.zeros(num_classes, limit, dtype=z.dtype)
     for c in torch.unique(y).tolist():
-        rows = z[y == c]
-        labels = finch.select(finch.finch(rows, "cosine"), level)
-        means, _ = finch.cluster_means(rows, labels, limit)
-        protos[c, :len(means)] = means
-        mask[c, :len(means)] = 1.0
+        protos[c], mask[c] = cluster_means(z[y == c], limit, level)
     return protos, mask
 
 
@@ -103,12 +133,8 @@ class FedPLVM(Algorithm):
     description = ("FedPLVM (Wang et al. 2024): FINCH-clustered local and global prototypes, "
                    "CE + lambda (alpha-sparsity prototype loss + correction); FedAvg weights")
     Options = FedPLVMOptions
-    choices = {"level": ("last", "first")}
-    positive = ("alpha", "tau")
-    nonnegative = ("lam",)
-    at_least_one = ("max_local", "max_global")
 
-    def init_state(self, model):
+    def init_state(self, model) -> PLVMState:
         state = super().init_state(model)
         c, m, d = self.num_classes, self.opts.max_global, model.feature_dim
         state["global_protos"] = torch.zeros(c, m, d)
@@ -120,48 +146,44 @@ class FedPLVM(Algorithm):
         out.update(global_protos=state["global_protos"], global_mask=state["global_mask"])
         return out
 
-    def aggregate(self, state, uploads):
-        new, diag = super().aggregate(state, uploads)
+    def aggregate(self, state, uploads, round):
+        new, diag = super().aggregate(state, uploads, round)
         protos, mask = state["global_protos"].clone(), state["global_mask"].clone()
         for c in range(self.num_classes):
             rows = torch.cat([u["local_protos"][c][u["local_mask"][c] > 0] for u in uploads])
             if len(rows) == 0:
                 continue  # nobody uploaded class c: keep its previous global prototypes
-            labels = finch.select(finch.finch(rows, "cosine"), self.opts.level)
-            means, _ = finch.cluster_means(rows, labels, self.opts.max_global)
-            protos[c], mask[c] = 0.0, 0.0
-            protos[c, :len(means)] = means.to(protos.dtype)
-            mask[c, :len(means)] = 1.0
+            p, m = cluster_means(rows, self.opts.max_global, self.opts.level)
+            protos[c], mask[c] = p.to(protos.dtype), m.to(mask.dtype)
         new["global_protos"], new["global_mask"] = protos, mask
         diag["global_prototypes"] = mask.sum(1).tolist()
         return new, diag
 
-    def client_begin(self, model, glob, client_state, x, y):
-        protos, mask = glob["global_protos"], glob["global_mask"]
+    def client_begin(self, model, broadcast, client_state, x, y):
+        protos, mask = broadcast["global_protos"], broadcast["global_mask"]
         return {"protos": protos, "mask": mask, "mean": masked_mean(protos, mask),
                 "has": (mask > 0).any(1).to(protos.dtype)}
 
     def loss(self, model, params, buffers, x, y, w, ctx):
         z, logits = forward(model, params, buffers, x)
-        o = self.opts
+        opts = self.opts
         ce = F.cross_entropy(logits, y, reduction="none")
-        reg = alpha_loss(z, y, ctx["protos"], ctx["mask"], o.alpha, o.tau) + correction_loss(
+        reg = alpha_loss(z, y, ctx["protos"], ctx["mask"], opts.alpha, opts.tau) + correction_loss(
             z, y, ctx["mean"], ctx["has"])
-        return weighted_mean(ce + o.lam * reg, w)
+        return weighted_mean(ce + opts.lam * reg, w)
 
-    def client_end(self, model, params, buffers, glob, ctx, client_state, x, y):
-        up, client_state = super().client_end(model, params, buffers, glob, ctx, client_state,
-                                              x, y)
-        with torch.no_grad():
-            z = torch.cat([forward(model, params, buffers, x[i:i + 4096])[0]
-                           for i in range(0, len(x), 4096)])
+    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y):
+        up, client_state = super().client_end(model, params, buffers, broadcast, ctx,
+                                              client_state, x, y)
+        z = features(model, params, buffers, x)
         up["local_protos"], up["local_mask"] = cluster_classes(
             z, y, self.num_classes, self.opts.max_local, self.opts.level)
         up["counts"] = torch.bincount(y, minlength=self.num_classes).to(z.dtype)
         return up, client_state
 
-    def upload_shapes(self):
-        shapes = super().upload_shapes()
+    def upload_spec(self):
+        spec = super().upload_spec()
         c, m, d = self.num_classes, self.opts.max_local, self.model.feature_dim
-        shapes.update({"local_protos": (c, m, d), "local_mask": (c, m), "counts": (c,)})
-        return shapes
+        spec.update({"local_protos": UploadEntry((c, m, d)), "local_mask": UploadEntry((c, m)),
+                     "counts": UploadEntry((c,), count=True)})
+        return spec

@@ -35,39 +35,66 @@ all three off. The paper trains with Adam, lr 1e-4 (set ``clients.optimizer``/``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
+from typing import TypedDict
 
 import torch
 from torch import nn
 
-from protofl.algorithms import prototypes as pm
-from protofl.algorithms.base import Algorithm, forward, weighted_mean
+from protofl.algorithms import prototype_math
+from protofl.algorithms.base import (
+    Algorithm,
+    Tensors,
+    UploadEntry,
+    WeightsUpload,
+    features,
+    forward,
+    weighted_mean,
+)
 from protofl.algorithms.moon import contrastive_term
+from protofl.algorithms.prototype_math import EPS
+from protofl.config import option
 from protofl.data.augment import AugmentSpec, adaptive_augment
+from protofl.data.pipeline import ClientPipeline, class_balanced, shuffled
 from protofl.models.nets import ProtoNet
-
-EPS = 1e-8
-CHOICES = {"task": ("glvq", "hinge"), "squash": ("sigmoid", "identity"),
-           "pcl_form": ("margin", "infonce")}
 
 
 @dataclass
 class ProInOptions:
-    prototypes_per_class: int = 3  # M
-    task: str = "glvq"  # glvq | hinge
-    squash: str = "sigmoid"  # GLVQ: sigmoid(mu / T) or identity mu
-    temperature: float = 1.0  # T of the GLVQ sigmoid
-    hinge_margin: float = 1.0  # hinge: max(0, d+ - d- + margin)
-    lambda_fd: float = 1.0
-    lambda_pc: float = 0.1
-    pcl_form: str = "margin"  # margin | infonce
-    pcl_margin: float = 0.5
-    pcl_temperature: float = 0.5  # InfoNCE form
-    fdl: bool = True  # ablation switches
-    pcl: bool = True
-    nia: bool = True  # false: prototypes averaged by n_k like the encoder
-    balanced_sampling: bool = True
-    adaptive_augment: bool = True
-    flips: bool = True  # random flips in the augmentation (off for digits/letters)
+    prototypes_per_class: int = option(3, "M, learnable prototypes per class", ge=1)
+    task: str = option("glvq", "task loss: GLVQ or hinge", choices=("glvq", "hinge"))
+    squash: str = option("sigmoid", "GLVQ: sigmoid(mu / T) or the identity mu",
+                         choices=("sigmoid", "identity"))
+    temperature: float = option(1.0, "T of the GLVQ sigmoid", gt=0)
+    hinge_margin: float = option(1.0, "hinge: max(0, d+ - d- + margin)", ge=0)
+    lambda_fd: float = option(1.0, "weight of the feature divergence loss", ge=0)
+    lambda_pc: float = option(0.1, "weight of the prototype contrastive loss", ge=0)
+    pcl_form: str = option("margin", "prototype contrastive loss: margin form or InfoNCE",
+                           choices=("margin", "infonce"))
+    pcl_margin: float = option(0.5, "margin of the PCL margin form", ge=0)
+    pcl_temperature: float = option(0.5, "temperature of the PCL InfoNCE form", gt=0)
+    fdl: bool = option(True, "feature divergence loss on (ablation switch)")
+    pcl: bool = option(True, "prototype contrastive loss on (ablation switch)")
+    nia: bool = option(True, "influence-weighted prototype aggregation (false: prototypes "
+                             "averaged by n_k like the encoder)")
+    balanced_sampling: bool = option(True, "class-balanced local epochs")
+    adaptive_augment: bool = option(True, "augment class c with probability 1 - n_c / n_max")
+    flips: bool = option(True, "random flips in the augmentation (off for digits/letters)")
+
+
+class ProInContext(TypedDict):
+    global_params: Tensors  # the received weights (frozen): L_FD's encoder and P^g
+    global_buffers: Tensors
+    prev_prototypes: torch.Tensor  # this client's P after its previous participation (or 0)
+    has_prev: torch.Tensor  # 1.0 once the client has previous prototypes
+
+
+class ProInUpload(WeightsUpload):
+    influence: torch.Tensor  # I_k (C, M)
+
+
+class ProInClientState(TypedDict):
+    prev_prototypes: torch.Tensor
 
 
 class PrototypeModel(ProtoNet):
@@ -91,7 +118,7 @@ class PrototypeModel(ProtoNet):
 def prototype_distances(z: torch.Tensor, protos: torch.Tensor) -> torch.Tensor:
     """``||z_i - P[c, m]||`` for ``z (B, d)``, ``protos (C, M, d)``: ``(B, C, M)``."""
     c, m, d = protos.shape
-    return pm.pairwise_distance(z, protos.reshape(c * m, d)).reshape(len(z), c, m)
+    return prototype_math.pairwise_distance(z, protos.reshape(c * m, d)).reshape(len(z), c, m)
 
 
 def nearest_distances(dist: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,20 +173,10 @@ def influence_aggregate(protos: torch.Tensor, influence: torch.Tensor, previous:
     """NIA: ``P^g[c, m] = sum_k I_k[c, m] P_k[c, m] / sum_k I_k[c, m]``; a prototype no client
     hit keeps ``previous``. ``protos (K, C, M, d)``, ``influence (K, C, M)``."""
     k, c, m, d = protos.shape
-    flat = pm.aggregate_prototypes(protos.reshape(k, c * m, d), influence.reshape(k, c * m),
-                                   previous.reshape(c * m, d))
+    flat = prototype_math.aggregate_prototypes(protos.reshape(k, c * m, d),
+                                               influence.reshape(k, c * m),
+                                               previous.reshape(c * m, d))
     return flat.reshape(c, m, d)
-
-
-def balanced_order(y: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """Class-balanced epoch: ``max_c n_c * C_local`` indices drawn with replacement, sample i
-    with probability ``1 / (C_local * n_{y_i})``."""
-    counts = torch.bincount(y)
-    present = counts > 0
-    c_local = int(present.sum())
-    weights = 1.0 / (c_local * counts[y].to(torch.float64))
-    length = int(counts.max()) * c_local
-    return torch.multinomial(weights, length, replacement=True, generator=gen)
 
 
 class FedProIn(Algorithm):
@@ -167,11 +184,6 @@ class FedProIn(Algorithm):
     description = ("fedproin (Kumar et al. 2026): learnable prototypes, feature-divergence and "
                    "prototype-contrastive losses, influence-weighted prototype aggregation")
     Options = ProInOptions
-
-    choices = CHOICES
-    positive = ("temperature", "pcl_temperature")
-    nonnegative = ("hinge_margin", "lambda_fd", "lambda_pc", "pcl_margin")
-    at_least_one = ("prototypes_per_class",)
 
     def wrap_model(self, model: ProtoNet) -> PrototypeModel:
         """The encoder with this algorithm's prototypes (the same module on every call)."""
@@ -182,9 +194,17 @@ class FedProIn(Algorithm):
             model = PrototypeModel(model, self.num_classes, self.opts.prototypes_per_class)
         return model
 
+    def client_pipeline(self) -> ClientPipeline:
+        """Class-balanced epochs and adaptive augmentation (each switchable)."""
+        opts = self.opts
+        spec = AugmentSpec() if opts.flips else AugmentSpec(hflip=0.0, vflip=0.0)
+        return ClientPipeline(
+            order=class_balanced if opts.balanced_sampling else shuffled,
+            transform=partial(augment_batch, spec=spec) if opts.adaptive_augment else None)
+
     # ---- server ----
-    def aggregate(self, state, uploads):
-        new, diag = super().aggregate(state, uploads)  # encoder (and, without NIA, P) by n_k
+    def aggregate(self, state, uploads, round):
+        new, diag = super().aggregate(state, uploads, round)  # encoder (and, without NIA, P) by n_k
         influence = torch.stack([u["influence"] for u in uploads])
         if self.opts.nia:
             params = dict(new["params"])
@@ -195,66 +215,58 @@ class FedProIn(Algorithm):
         diag["unused_prototypes"] = int((influence.sum(0) == 0).sum())
         return new, diag
 
-    def upload_shapes(self):
-        shapes = super().upload_shapes()
-        shapes["influence"] = (self.num_classes, self.opts.prototypes_per_class)
-        return shapes
+    def upload_spec(self):
+        spec = super().upload_spec()
+        spec["influence"] = UploadEntry((self.num_classes, self.opts.prototypes_per_class),
+                                        count=True)
+        return spec
 
     # ---- client ----
-    def client_begin(self, model, glob, client_state, x, y):
+    def client_begin(self, model, broadcast, client_state, x, y) -> ProInContext:
         prev = client_state.get("prev_prototypes")
         has_prev = prev is not None
         return {
-            "global_params": {k: v.detach() for k, v in glob["params"].items()},
-            "global_buffers": {k: v.detach().clone() for k, v in glob["buffers"].items()},
+            "global_params": {k: v.detach() for k, v in broadcast["params"].items()},
+            "global_buffers": {k: v.detach().clone() for k, v in broadcast["buffers"].items()},
             "prev_prototypes": prev if has_prev else torch.zeros_like(
-                glob["params"]["prototypes"]),
+                broadcast["params"]["prototypes"]),
             "has_prev": torch.tensor(1.0 if has_prev else 0.0),
-            "class_counts": torch.bincount(y, minlength=self.num_classes).to(torch.float32),
         }
 
     def loss(self, model, params, buffers, x, y, w, ctx):
-        o = self.opts
+        opts = self.opts
         z, _ = forward(model, params, buffers, x)
         protos = params["prototypes"]
         d_plus, d_minus = nearest_distances(prototype_distances(z, protos), y)
-        if o.task == "hinge":
-            per_sample = hinge_loss(d_plus, d_minus, o.hinge_margin)
+        if opts.task == "hinge":
+            per_sample = hinge_loss(d_plus, d_minus, opts.hinge_margin)
         else:
-            per_sample = glvq_loss(d_plus, d_minus, o.temperature, o.squash)
-        if o.fdl and o.lambda_fd > 0:
+            per_sample = glvq_loss(d_plus, d_minus, opts.temperature, opts.squash)
+        if opts.fdl and opts.lambda_fd > 0:
             with torch.no_grad():
                 z_g, _ = forward(model, ctx["global_params"], ctx["global_buffers"], x)
-            per_sample = per_sample + o.lambda_fd * feature_divergence(z, z_g.detach())
+            per_sample = per_sample + opts.lambda_fd * feature_divergence(z, z_g.detach())
         total = weighted_mean(per_sample, w)
-        if o.pcl and o.lambda_pc > 0:
+        if opts.pcl and opts.lambda_pc > 0:
             p_g = ctx["global_params"]["prototypes"].detach()
             p_prev = ctx["prev_prototypes"].detach()
-            if o.pcl_form == "infonce":
-                pc = prototype_contrast_infonce(protos, p_g, p_prev, o.pcl_temperature)
+            if opts.pcl_form == "infonce":
+                pc = prototype_contrast_infonce(protos, p_g, p_prev, opts.pcl_temperature)
             else:
-                pc = prototype_contrast_margin(protos, p_g, p_prev, o.pcl_margin)
-            total = total + o.lambda_pc * ctx["has_prev"].to(pc.dtype) * pc
+                pc = prototype_contrast_margin(protos, p_g, p_prev, opts.pcl_margin)
+            total = total + opts.lambda_pc * ctx["has_prev"].to(pc.dtype) * pc
         return total
 
-    def client_end(self, model, params, buffers, glob, ctx, client_state, x, y):
-        up, _ = super().client_end(model, params, buffers, glob, ctx, client_state, x, y)
+    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y):
+        up, _ = super().client_end(model, params, buffers, broadcast, ctx, client_state, x, y)
         protos = params["prototypes"].detach()
-        with torch.no_grad():
-            z = torch.cat([forward(model, params, buffers, x[i:i + 4096])[0]
-                           for i in range(0, len(x), 4096)]) if len(x) else torch.empty(
-                0, protos.shape[2])
-        up["influence"] = pm.nearest_prototype_counts(z.to(protos.dtype), protos)
-        return up, {"prev_prototypes": protos.clone()}
+        z = features(model, params, buffers, x)
+        up["influence"] = prototype_math.nearest_prototype_counts(z.to(protos.dtype), protos)
+        state: ProInClientState = {"prev_prototypes": protos.clone()}
+        return up, dict(state)
 
-    def epoch_order(self, y, gen):
-        if not self.opts.balanced_sampling or len(y) == 0:
-            return super().epoch_order(y, gen)
-        return balanced_order(y, gen)
 
-    def augment(self, x, y, gen, ctx):
-        if not self.opts.adaptive_augment or x.dim() != 4:
-            return x
-        counts = ctx["class_counts"]
-        spec = AugmentSpec() if self.opts.flips else AugmentSpec(hflip=0.0, vflip=0.0)
-        return adaptive_augment(x, y, counts, gen, spec)
+def augment_batch(x: torch.Tensor, y: torch.Tensor, gen: torch.Generator,
+                  counts: torch.Tensor, spec: AugmentSpec) -> torch.Tensor:
+    """fedproin's adaptive augmentation of a batch (``counts``: the client's class counts)."""
+    return adaptive_augment(x, y, counts.to(torch.float32), gen, spec)

@@ -16,25 +16,41 @@ There is no global model, so the state has no ``params``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 import torch.nn.functional as F
 
-from protofl.algorithms import prototypes as pm
+from protofl.algorithms import prototype_math
 from protofl.algorithms.base import (
     Algorithm,
-    client_prototypes,
+    UploadEntry,
+    Weights,
+    class_prototypes,
     forward,
     split_state,
     weighted_mean,
 )
+from protofl.config import option
 
 FAR = 1e4  # score penalty of classes without a global prototype (finite: keeps CE finite)
 
 
 @dataclass
 class FedProtoOptions:
-    lam: float = 1.0  # weight of the prototype regulariser
+    lam: float = option(1.0, "weight of the prototype regulariser", ge=0)
+
+
+class FedProtoState(TypedDict):
+    init: Weights  # the common initial weights (a client's first round starts from them)
+    protos: torch.Tensor  # global class prototypes C^c (C, d)
+    present: torch.Tensor  # (C,) 1 where a global prototype exists
+
+
+class FedProtoUpload(TypedDict):
+    protos: torch.Tensor  # the client's class prototypes (C, d)
+    counts: torch.Tensor  # its class counts (C,)
+    num_samples: torch.Tensor
 
 
 def prototype_regulariser(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor,
@@ -48,7 +64,7 @@ def prototype_regulariser(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor
 def nearest_prototype_scores(z: torch.Tensor, protos: torch.Tensor, present: torch.Tensor
                              ) -> torch.Tensor:
     """Class scores ``-||z - C^c||``; classes without a prototype get ``-FAR`` more."""
-    dist = pm.pairwise_distance(z, protos.to(z.dtype))
+    dist = prototype_math.pairwise_distance(z, protos.to(z.dtype))
     return -dist - FAR * (present <= 0).to(z.dtype)
 
 
@@ -58,9 +74,8 @@ class FedProto(Algorithm):
                    "CE + lambda MSE to global class prototypes, nearest-prototype inference")
     Options = FedProtoOptions
     personalized = True
-    nonnegative = ("lam",)
 
-    def init_state(self, model):
+    def init_state(self, model) -> FedProtoState:
         params, buffers = split_state(model)
         d = model.feature_dim
         return {"init": {"params": params, "buffers": buffers},
@@ -71,22 +86,25 @@ class FedProto(Algorithm):
         return {"init": state["init"], "protos": state["protos"],
                 "present": state["present"]}
 
-    def aggregate(self, state, uploads):
+    def aggregate(self, state, uploads, round):
         protos = torch.stack([u["protos"] for u in uploads])
         holds = torch.stack([u["counts"] for u in uploads]) > 0
         new = dict(state)
-        new["protos"] = pm.aggregate_prototypes(protos, holds.to(protos.dtype),
+        new["protos"] = prototype_math.aggregate_prototypes(protos, holds.to(protos.dtype),
                                                 state["protos"])
         new["present"] = torch.maximum(state["present"], holds.any(0).to(state["present"].dtype))
         return new, {"classes": holds.sum(0).tolist()}
 
     # ---- client ----
-    def local_start(self, glob, client_state):
-        own = client_state if "params" in client_state else glob["init"]
+    def global_weights(self, state):
+        return None  # no global model: every client keeps its own
+
+    def local_start(self, broadcast, client_state):
+        own = client_state if "params" in client_state else broadcast["init"]
         return {"params": own["params"], "buffers": own["buffers"]}
 
-    def client_begin(self, model, glob, client_state, x, y):
-        return {"protos": glob["protos"], "present": glob["present"]}
+    def client_begin(self, model, broadcast, client_state, x, y):
+        return {"protos": broadcast["protos"], "present": broadcast["present"]}
 
     def loss(self, model, params, buffers, x, y, w, ctx):
         z, logits = forward(model, params, buffers, x)
@@ -94,15 +112,20 @@ class FedProto(Algorithm):
         reg = prototype_regulariser(z, y, ctx["protos"], ctx["present"])
         return weighted_mean(ce + self.opts.lam * reg, w)
 
-    def client_end(self, model, params, buffers, glob, ctx, client_state, x, y):
-        protos, counts = client_prototypes(model, params, buffers, x, y, self.num_classes)
-        up = {"protos": protos, "counts": counts,
-              "num_samples": torch.tensor(float(len(y)), dtype=torch.float64)}
-        return up, {"params": params, "buffers": buffers}
+    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y):
+        protos, counts = class_prototypes(model, params, buffers, x, y, self.num_classes)
+        up: FedProtoUpload = {"protos": protos, "counts": counts,
+                              "num_samples": torch.tensor(float(len(y)), dtype=torch.float64)}
+        own: Weights = {"params": params, "buffers": buffers}
+        return dict(up), dict(own)
 
-    def upload_shapes(self):
-        return {"protos": (self.num_classes, self.model.feature_dim),
-                "counts": (self.num_classes,), "num_samples": ()}
+    def upload_spec(self):
+        return {"protos": UploadEntry((self.num_classes, self.model.feature_dim)),
+                "counts": UploadEntry((self.num_classes,), count=True),
+                "num_samples": UploadEntry((), count=True)}
+
+    def prototypes(self, upload, x, y):
+        return upload["protos"], upload["counts"]
 
     # ---- evaluation ----
     def predict(self, model, params, buffers, state, x):

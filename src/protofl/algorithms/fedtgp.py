@@ -12,7 +12,7 @@ epochs over the uploaded prototypes ``(P, y)`` with ``CE(-D, y)``,
 ``D_c' = ||P - P^c'|| + delta 1[c' = y]``, ``delta = min(max_c min_{c' != c} ||Q^c - Q^c'||,
 margin_cap)``, Q^c the mean uploaded prototype of class c this round (classes uploaded this
 round only; delta = 0 with fewer than two). Mini-batch order comes from a generator keyed by
-(seed, SERVER, round); the optimizer is created afresh each round (plain SGD is stateless).
+(the state's seed, SERVER, round); the optimizer is created afresh each round.
 """
 
 from __future__ import annotations
@@ -23,27 +23,35 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from protofl.algorithms import prototypes as pm
+from protofl.algorithms import prototype_math
 from protofl.algorithms.base import Tensors
-from protofl.algorithms.fedproto import FedProto
-from protofl.engine.schedule import SERVER, torch_gen
+from protofl.algorithms.fedproto import FedProto, FedProtoState
+from protofl.algorithms.optimizers import OPTIMIZERS, make_optimizer
+from protofl.config import option
+from protofl.seeding import SERVER, torch_gen
 
 
 @dataclass
 class FedTGPOptions:
-    lam: float = 10.0  # weight of the client prototype regulariser
-    server_epochs: int = 100
-    server_lr: float = 0.1
-    server_optimizer: str = "sgd"  # sgd | adam
-    server_batch: int = 10  # uploaded prototypes per server mini-batch
-    hidden: int = 0  # MLP hidden width; 0: the feature size d
-    margin_cap: float = 100.0  # the adaptive margin is capped here
+    lam: float = option(10.0, "weight of the client prototype regulariser", ge=0)
+    server_epochs: int = option(100, "server epochs of prototype training per round", ge=1)
+    server_lr: float = option(0.1, "server learning rate", gt=0)
+    server_optimizer: str = option("sgd", "server optimizer", choices=OPTIMIZERS)
+    server_batch: int = option(10, "uploaded prototypes per server mini-batch", ge=1)
+    hidden: int = option(0, "hidden width of the prototype MLP (0: the feature size d)", ge=0)
+    margin_cap: float = option(100.0, "cap of the adaptive margin", ge=0)
+
+
+class FedTGPState(FedProtoState):
+    generator: Tensors  # the prototype generator: class embeddings and MLP weights
+    seed: torch.Tensor  # seed of the server-side generators (drawn from the run's RNG)
 
 
 def adaptive_margin(q: torch.Tensor, present: torch.Tensor, cap: float) -> torch.Tensor:
     """``min(max_c min_{c' != c} ||Q^c - Q^c'||, cap)`` over the present classes (0 if fewer
     than two are present)."""
-    _, nearest = pm.margins(q, q, present, present)  # d-: the nearest other present class
+    # d-: the distance to the nearest other present class
+    _, nearest = prototype_math.margins(q, q, present, present)
     nearest = nearest[~torch.isnan(nearest)]
     if len(nearest) == 0:
         return torch.zeros((), dtype=q.dtype)
@@ -58,7 +66,7 @@ def generate(g: Tensors) -> torch.Tensor:
 def margin_loss(g: Tensors, p: torch.Tensor, y: torch.Tensor, delta: torch.Tensor
                 ) -> torch.Tensor:
     """Adaptive-margin contrastive loss ``CE(-D, y)`` of uploaded prototypes ``p (n, d)``."""
-    dist = pm.pairwise_distance(p, generate(g))
+    dist = prototype_math.pairwise_distance(p, generate(g))
     dist = dist + delta * F.one_hot(y, dist.shape[1]).to(dist.dtype)
     return F.cross_entropy(-dist, y)
 
@@ -75,17 +83,16 @@ def init_generator(num_classes: int, d: int, hidden: int, gen: torch.Generator) 
 
 
 def train_generator(g: Tensors, p: torch.Tensor, y: torch.Tensor, delta: torch.Tensor,
-                    o: FedTGPOptions, gen: torch.Generator) -> tuple[Tensors, list[float]]:
+                    opts: FedTGPOptions, gen: torch.Generator) -> tuple[Tensors, list[float]]:
     """``server_epochs`` epochs of the margin loss; returns new weights and per-epoch mean
     losses."""
     g = {k: v.detach().clone().requires_grad_(True) for k, v in g.items()}
     params = list(g.values())
-    opt = (torch.optim.Adam(params, lr=o.server_lr) if o.server_optimizer == "adam"
-           else torch.optim.SGD(params, lr=o.server_lr))
+    opt = make_optimizer(params, opts.server_optimizer, opts.server_lr)
     history = []
-    for _ in range(o.server_epochs):
+    for _ in range(opts.server_epochs):
         total, n = 0.0, 0
-        for idx in torch.randperm(len(y), generator=gen).split(o.server_batch):
+        for idx in torch.randperm(len(y), generator=gen).split(opts.server_batch):
             loss = margin_loss(g, p[idx], y[idx], delta)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -100,33 +107,28 @@ class FedTGP(FedProto):
     description = ("FedTGP (Zhang et al. 2024): personalised models, CE + lambda MSE to "
                    "server-trained global prototypes (adaptive-margin contrastive loss)")
     Options = FedTGPOptions
-    choices = {"server_optimizer": ("sgd", "adam")}
-    positive = ("server_lr",)
-    nonnegative = ("lam", "hidden", "margin_cap")  # hidden 0: the feature size
-    at_least_one = ("server_epochs", "server_batch")
 
-    def init_state(self, model):
+    def init_state(self, model) -> FedTGPState:
         state = super().init_state(model)
         seed = int(torch.randint(0, 2**31 - 1, ()))  # from the run's seeded global RNG
         d = model.feature_dim
         state["generator"] = init_generator(self.num_classes, d, self.opts.hidden or d,
                                             torch_gen(seed, SERVER, 0))
         state["seed"] = torch.tensor(seed)
-        state["round"] = torch.tensor(0)
         return state
 
-    def aggregate(self, state, uploads):
+    def aggregate(self, state, uploads, round):
         protos = torch.stack([u["protos"] for u in uploads])  # (K, C, d)
         holds = torch.stack([u["counts"] for u in uploads]) > 0  # (K, C)
         present = holds.any(0)
-        q = pm.aggregate_prototypes(protos, holds.to(protos.dtype), torch.zeros_like(protos[0]))
+        q = prototype_math.aggregate_prototypes(protos, holds.to(protos.dtype),
+                                                torch.zeros_like(protos[0]))
         delta = adaptive_margin(q, present, self.opts.margin_cap)
         p, y = protos[holds], holds.nonzero()[:, 1]
-        rnd = int(state["round"]) + 1
-        gen = torch_gen(int(state["seed"]), SERVER, rnd)
+        gen = torch_gen(int(state["seed"]), SERVER, round)
         g, history = train_generator(state["generator"], p, y, delta, self.opts, gen)
         new = dict(state)
-        new["generator"], new["round"] = g, torch.tensor(rnd)
+        new["generator"] = g
         new["protos"] = generate(g).detach()
         new["present"] = torch.maximum(state["present"], present.to(state["present"].dtype))
         return new, {"classes": holds.sum(0).tolist(), "margin": float(delta),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from protofl.algorithms import prototypes as pm
+from protofl.algorithms import prototype_math
 
 CHUNK = 2048  # rows of the distance matrix computed at once
 
@@ -20,7 +20,7 @@ def first_neighbours(x: torch.Tensor, metric: str = "cosine") -> torch.Tensor:
     """Index of each row's nearest other row, ``(n,)`` (needs n >= 2)."""
     out = []
     for start in range(0, len(x), CHUNK):
-        d = pm.pairwise_distance(x[start:start + CHUNK], x, metric)
+        d = prototype_math.pairwise_distance(x[start:start + CHUNK], x, metric)
         rows = torch.arange(len(d))
         d[rows, rows + start] = float("inf")
         out.append(d.argmin(dim=1))
@@ -64,7 +64,7 @@ def finch(x: torch.Tensor, metric: str = "cosine") -> list[torch.Tensor]:
         labels = merged
         if k == 1:
             break
-        points = pm.class_means(x, labels, k)[0]
+        points = prototype_math.class_means(x, labels, k)[0]
     return partitions
 
 
@@ -73,7 +73,7 @@ def cluster_means(x: torch.Tensor, labels: torch.Tensor, limit: int
     """Means ``(m, d)`` and sizes ``(m,)`` of the clusters, largest first, at most ``limit``
     of them (smaller clusters beyond ``limit`` are dropped)."""
     k = int(labels.max()) + 1
-    means, sizes = pm.class_means(x, labels, k)
+    means, sizes = prototype_math.class_means(x, labels, k)
     order = torch.argsort(-sizes, stable=True)[:limit]
     return means[order], sizes[order]
 

@@ -15,13 +15,15 @@ algorithms).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from protofl.algorithms.base import Algorithm, Tensors, forward, weighted_mean
+from protofl.algorithms.base import Algorithm, Tensors, Weights, forward, weighted_mean
+from protofl.config import option
 from protofl.models.nets import ProtoNet
 
 HEAD = "projection"  # name of the projection-head submodule
@@ -29,9 +31,18 @@ HEAD = "projection"  # name of the projection-head submodule
 
 @dataclass
 class MoonOptions:
-    mu: float = 1.0  # weight of the contrastive term (mu = 0 is FedAvg; never the default)
-    tau: float = 0.5  # temperature
-    proj_dim: int = 256  # output size of the projection head
+    mu: float = option(1.0, "weight of the contrastive term (mu = 0 is FedAvg)", ge=0)
+    tau: float = option(0.5, "temperature", gt=0)
+    proj_dim: int = option(256, "output size of the projection head", ge=1)
+
+
+class MoonContext(TypedDict):
+    glob: Weights  # the received global model (the positive), frozen
+    prev: Weights  # this client's model after its previous participation (the negative)
+
+
+class MoonClientState(TypedDict):
+    prev: Weights
 
 
 def contrastive_term(h: torch.Tensor, h_glob: torch.Tensor, h_prev: torch.Tensor,
@@ -55,7 +66,7 @@ def projected(model: ProtoNet, params: Tensors, buffers: Tensors, x: torch.Tenso
     return functional_call(head, {**head_params(params), **head_params(buffers)}, (z,)), logits
 
 
-def copy_weights(tree: Tensors) -> Tensors:
+def copy_weights(tree: Weights) -> Weights:
     """Detached copies (BatchNorm may update buffers in place during a forward)."""
     return {"params": {k: v.detach() for k, v in tree["params"].items()},
             "buffers": {k: v.detach().clone() for k, v in tree["buffers"].items()}}
@@ -66,9 +77,6 @@ class Moon(Algorithm):
     description = ("MOON (Li et al. 2021): CE + mu * model-contrastive loss on a projection "
                    "head (global model positive, previous local model negative); FedAvg")
     Options = MoonOptions
-    nonnegative = ("mu",)
-    positive = ("tau",)
-    at_least_one = ("proj_dim",)
 
     def wrap_model(self, model: ProtoNet) -> ProtoNet:
         """Add the projection head ``Linear(d, d) - ReLU - Linear(d, proj_dim)`` (once)."""
@@ -78,9 +86,9 @@ class Moon(Algorithm):
                                                  nn.Linear(d, self.opts.proj_dim)))
         return model
 
-    def client_begin(self, model, glob, client_state, x, y):
-        prev = client_state.get("prev", glob)
-        return {"glob": copy_weights(glob), "prev": copy_weights(prev)}
+    def client_begin(self, model, broadcast, client_state, x, y) -> MoonContext:
+        prev = client_state.get("prev", broadcast)
+        return {"glob": copy_weights(broadcast), "prev": copy_weights(prev)}
 
     def loss(self, model, params, buffers, x, y, w, ctx):
         h, logits = projected(model, params, buffers, x)
@@ -91,6 +99,7 @@ class Moon(Algorithm):
         con = contrastive_term(h, h_glob, h_prev, self.opts.tau)
         return weighted_mean(ce + self.opts.mu * con, w)
 
-    def client_end(self, model, params, buffers, glob, ctx, client_state, x, y):
-        up, _ = super().client_end(model, params, buffers, glob, ctx, client_state, x, y)
-        return up, {"prev": {"params": params, "buffers": buffers}}
+    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y):
+        up, _ = super().client_end(model, params, buffers, broadcast, ctx, client_state, x, y)
+        state: MoonClientState = {"prev": {"params": params, "buffers": buffers}}
+        return up, dict(state)

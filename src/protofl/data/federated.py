@@ -62,6 +62,11 @@ class FederatedData:
     def train_sizes(self) -> np.ndarray:
         return np.diff(self.train_offsets)
 
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """Model inputs from stored rows (every trainer and metric calls this on the rows it
+        gathers before the model sees them)."""
+        return x
+
     def client_train(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         a, b = self.train_offsets[k], self.train_offsets[k + 1]
         return self.x_train[a:b], self.y_train[a:b]

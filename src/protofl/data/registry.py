@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ class DatasetSpec:
     model: str  # the paper's model for it
     description: str
     needs_files: bool = True
+    partition: str | None = None  # the default partition scheme (None: natural clients)
 
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -24,9 +26,10 @@ DATASETS: dict[str, DatasetSpec] = {
                              needs_files=False),
     "digits": DatasetSpec("protofl.data.digits:digits_federation", "digits_cnn",
                           "scikit-learn's 8x8 handwritten digits, 10 clients (no download)",
-                          needs_files=False),
+                          needs_files=False, partition="dirichlet"),
     "mnist": DatasetSpec("protofl.data.mnist:mnist_federation", "leaf_cnn",
-                         "MNIST from the four IDX files; 1,000 clients, two digits each"),
+                         "MNIST from the four IDX files; 1,000 clients, two digits each",
+                         partition="classes"),
     "femnist": DatasetSpec("protofl.data.leaf:femnist_federation", "leaf_cnn",
                            "FEMNIST (LEAF JSON): letters a-j, 5 classes per client, 200 clients"),
     "celeba": DatasetSpec("protofl.data.leaf:celeba_federation", "celeba_cnn",
@@ -34,15 +37,20 @@ DATASETS: dict[str, DatasetSpec] = {
     "leaf": DatasetSpec("protofl.data.leaf:leaf_federation", "mlp",
                         "any LEAF JSON folder of vectors (e.g. the FedProx Synthetic files)"),
     "ham10000": DatasetSpec("protofl.data.medical:ham10000_federation", "resnet18",
-                            "HAM10000 dermoscopy: metadata CSV + JPEG folders, 7 classes"),
+                            "HAM10000 dermoscopy: metadata CSV + JPEG folders, 7 classes",
+                            partition="dirichlet"),
     "matek19": DatasetSpec("protofl.data.medical:matek19_federation", "resnet18",
-                           "Matek-19 AML cytomorphology: a TIFF folder per class, 15 classes"),
+                           "Matek-19 AML cytomorphology: a TIFF folder per class, 15 classes",
+                           partition="dirichlet"),
     "medmnist": DatasetSpec("protofl.data.medical:medmnist_federation", "resnet18",
-                            "a MedMNIST .npz file (dermamnist, bloodmnist, ...)"),
+                            "a MedMNIST .npz file (dermamnist, bloodmnist, ...)",
+                            partition="dirichlet"),
     "voc": DatasetSpec("protofl.data.voc:voc_federation", "resnet18",
-                       "Pascal VOC 2012 single-class images, 20 classes (classification)"),
+                       "Pascal VOC 2012 single-class images, 20 classes (classification)",
+                       partition="dirichlet_powerlaw"),
     "voc_macro": DatasetSpec("protofl.data.voc:voc_macro_federation", "resnet18",
-                             "Pascal VOC 2012 single-class images, the seed's macro classes"),
+                             "Pascal VOC 2012 single-class images, the seed's macro classes",
+                             partition="dirichlet_powerlaw"),
 }
 
 
@@ -60,8 +68,10 @@ def dataset_spec(name: str) -> DatasetSpec:
 
 
 def load_dataset(cfg: DataConfig) -> FederatedData:
-    """Build the federation a data config names (validated, one clear error if not)."""
+    """Build the federation a data config names (validated, one clear error if not); a null
+    ``partition`` is the dataset's default scheme."""
     spec = dataset_spec(cfg.name)
+    cfg = dataclasses.replace(cfg, partition=cfg.partition or spec.partition)
     if spec.needs_files and not cfg.root:
         raise ProtoflError(f"dataset {cfg.name!r} needs its files: set data.root to their folder")
     module, func = spec.builder.split(":")

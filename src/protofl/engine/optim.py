@@ -3,32 +3,58 @@
 Each update matches ``torch.optim.SGD`` (momentum, weight decay; no dampening or Nesterov)
 and ``torch.optim.Adam`` (L2 weight decay, bias correction with a per-client step count) step
 for step, so the vectorized trainer reproduces the sequential one. The functions mutate the
-tensors they are given; pass views (e.g. ``p[:n]``) to update a subset of clients and leave the
-others exactly as they were.
+tensors they are given; pass views (``state.head(n)``, ``p[:n]``) to update a subset of clients
+and leave the others exactly as they were.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
+from protofl.algorithms.optimizers import ADAM_BETAS, ADAM_EPS
 from protofl.engine.train import LocalSetup
 
-BETA1, BETA2, EPS = 0.9, 0.999, 1e-8  # torch.optim.Adam's defaults, which train.py uses
+Stacked = dict[str, torch.Tensor]
 
 
-def init_state(params: dict[str, torch.Tensor], s: LocalSetup) -> dict[str, torch.Tensor]:
-    """Zero optimizer state for stacked ``params`` of ``n`` clients: momentum buffers (SGD with
-    momentum), first and second moments (Adam), and the per-client step count ``step``."""
+def _head(tensors: Stacked, n: int) -> Stacked:
+    return {k: v[:n] for k, v in tensors.items()}
+
+
+@dataclass
+class SgdState:
+    """Per-client step counts and (with momentum) momentum buffers."""
+
+    step: torch.Tensor
+    momentum: Stacked = field(default_factory=dict)
+
+    def head(self, n: int) -> SgdState:
+        return SgdState(self.step[:n], _head(self.momentum, n))
+
+
+@dataclass
+class AdamState:
+    """Per-client step counts and first and second moments."""
+
+    step: torch.Tensor
+    m: Stacked
+    v: Stacked
+
+    def head(self, n: int) -> AdamState:
+        return AdamState(self.step[:n], _head(self.m, n), _head(self.v, n))
+
+
+def init_state(params: Stacked, setup: LocalSetup) -> SgdState | AdamState:
+    """Zero optimizer state for stacked ``params`` of ``n`` clients."""
     n = next(iter(params.values())).shape[0]
-    state: dict[str, torch.Tensor] = {"step": torch.zeros(n, dtype=torch.float64)}
-    if s.optimizer == "adam":
-        for k, p in params.items():
-            state[f"m.{k}"] = torch.zeros_like(p)
-            state[f"v.{k}"] = torch.zeros_like(p)
-    elif s.momentum:
-        for k, p in params.items():
-            state[f"buf.{k}"] = torch.zeros_like(p)
-    return state
+    step = torch.zeros(n, dtype=torch.float64)
+    if setup.optimizer == "adam":
+        return AdamState(step, {k: torch.zeros_like(p) for k, p in params.items()},
+                         {k: torch.zeros_like(p) for k, p in params.items()})
+    momentum = {k: torch.zeros_like(p) for k, p in params.items()} if setup.momentum else {}
+    return SgdState(step, momentum)
 
 
 def _per_client(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -36,8 +62,8 @@ def _per_client(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return v.to(like.dtype).reshape(-1, *([1] * (like.dim() - 1)))
 
 
-def step_(params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
-          state: dict[str, torch.Tensor], s: LocalSetup) -> None:
+def step_(params: Stacked, grads: Stacked, state: SgdState | AdamState,
+          setup: LocalSetup) -> None:
     """One optimizer step of every client in the leading dim, in place.
 
     SGD: ``g += wd p``; ``b = mu b + g`` (``b = g`` at the first step, the same thing from
@@ -45,24 +71,24 @@ def step_(params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor],
     Adam: ``t += 1``; ``g += wd p``; ``m = b1 m + (1 - b1) g``; ``v = b2 v + (1 - b2) g^2``;
     ``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``.
     """
-    state["step"] += 1
-    wd = s.weight_decay
-    if s.optimizer == "adam":
-        t = state["step"]
-        bc1 = 1 - BETA1 ** t
-        bc2_sqrt = (1 - BETA2 ** t).sqrt()
+    state.step += 1
+    wd = setup.weight_decay
+    if isinstance(state, AdamState):
+        beta1, beta2 = ADAM_BETAS
+        bc1 = 1 - beta1 ** state.step
+        bc2_sqrt = (1 - beta2 ** state.step).sqrt()
         for k, p in params.items():
             g = grads[k] + wd * p if wd else grads[k]
-            m, v = state[f"m.{k}"], state[f"v.{k}"]
-            m.lerp_(g, 1 - BETA1)
-            v.mul_(BETA2).addcmul_(g, g, value=1 - BETA2)
-            denom = (v.sqrt() / _per_client(bc2_sqrt, p)).add_(EPS)
-            p.sub_(_per_client(s.lr / bc1, p) * m / denom)
+            m, v = state.m[k], state.v[k]
+            m.lerp_(g, 1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            denom = (v.sqrt() / _per_client(bc2_sqrt, p)).add_(ADAM_EPS)
+            p.sub_(_per_client(setup.lr / bc1, p) * m / denom)
         return
     for k, p in params.items():
         g = grads[k] + wd * p if wd else grads[k]
-        if s.momentum:
-            buf = state[f"buf.{k}"]
-            buf.mul_(s.momentum).add_(g)
+        if state.momentum:
+            buf = state.momentum[k]
+            buf.mul_(setup.momentum).add_(g)
             g = buf
-        p.add_(g, alpha=-s.lr)
+        p.add_(g, alpha=-setup.lr)

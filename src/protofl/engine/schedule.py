@@ -1,8 +1,8 @@
 """Who trains in a round and on which batches: client sampling, stragglers, batch order.
 
-Every random choice is drawn from a generator keyed by (seed, purpose, round[, client]), so a
-round's choices do not depend on the order clients are trained in, on the trainer, or on
-whether the run was resumed.
+Every random choice is drawn from a generator keyed by (seed, purpose, round[, client])
+(``protofl.seeding``), so a round's choices do not depend on the order clients are trained
+in, on the trainer, or on whether the run was resumed.
 """
 
 from __future__ import annotations
@@ -12,16 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-SAMPLE, STRAGGLE, ORDER, AUGMENT, PROBE, SERVER = range(6)  # SERVER: server-side training
+from protofl.data.pipeline import Order
+from protofl.seeding import AUGMENT, ORDER, PROBE, SAMPLE, STRAGGLE, np_rng, torch_gen
 
-
-def np_rng(seed: int, *keys: int) -> np.random.Generator:
-    return np.random.default_rng([seed, *keys])
-
-
-def torch_gen(seed: int, *keys: int) -> torch.Generator:
-    state = np.random.SeedSequence([seed, *keys]).generate_state(2, dtype=np.uint32)
-    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+__all__ = ["AUGMENT", "ORDER", "PROBE", "SAMPLE", "STRAGGLE", "Job", "assign_work",
+           "local_batches", "np_rng", "sample_clients", "torch_gen"]
 
 
 def sample_clients(sizes: np.ndarray, k: int, scheme: str, rng: np.random.Generator
@@ -34,10 +29,11 @@ def sample_clients(sizes: np.ndarray, k: int, scheme: str, rng: np.random.Genera
 
 @dataclass(frozen=True)
 class Job:
-    """One active client's work in a round: ``amount`` epochs (or steps, with local_steps)."""
+    """One active client's work in a round: ``units`` local epochs, or local steps when the
+    run counts steps (``clients.local_steps``)."""
 
     client: int
-    amount: int
+    units: int
     straggler: bool = False
 
 
@@ -58,19 +54,19 @@ def assign_work(active: np.ndarray, full: int, stragglers: float, tolerate: bool
     return jobs
 
 
-def local_batches(order_fn, y: torch.Tensor, amount: int, batch_size: int, by_steps: bool,
+def local_batches(order: Order, y: torch.Tensor, units: int, batch_size: int, by_steps: bool,
                   gen: torch.Generator) -> list[torch.Tensor]:
-    """Index batches for one client: ``amount`` epochs of ``order_fn``'s order cut into batches
-    of ``batch_size`` (last one partial), or exactly ``amount`` batches cycling epochs."""
+    """Index batches for one client: ``units`` epochs of ``order``'s sample order cut into
+    batches of ``batch_size`` (last one partial), or exactly ``units`` batches cycling epochs."""
     batches: list[torch.Tensor] = []
     if not by_steps:
-        for _ in range(amount):
-            batches.extend(order_fn(y, gen).split(batch_size))
+        for _ in range(units):
+            batches.extend(order(y, gen).split(batch_size))
         return batches
     pending = torch.empty(0, dtype=torch.long)
-    while len(batches) < amount:
+    while len(batches) < units:
         while len(pending) < batch_size:
-            pending = torch.cat([pending, order_fn(y, gen)])
+            pending = torch.cat([pending, order(y, gen)])
             if len(y) < batch_size:
                 break
         take = min(batch_size, len(pending))

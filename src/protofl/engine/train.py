@@ -1,19 +1,24 @@
-"""Local training of a round's active clients, one after another (the reference path).
+"""Trainers: who runs a round's local training. One protocol, several back ends.
 
-The vectorized trainer (``engine/vectorized.py``) must give the same result; both share
-``prepare_client``/``finish_client`` and the batch schedule, and differ only in the loop.
+A trainer takes one :class:`RoundContext` (the algorithm, the broadcast, the round's jobs, the
+data, the clients' persistent states, the local-training setup) and returns one
+:class:`ClientResult` per job it could train. :class:`SequentialTrainer` here is the reference
+path; the vectorized trainer (``engine/vectorized.py``) must give the same results, and the
+Flower server sends the jobs to SuperNodes. Every trainer prepares and finishes clients with
+``prepare_client``/``finish_client`` and the batch schedule, and differs only in the loop.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from protofl.algorithms.base import Algorithm, Tensors
+from protofl.algorithms.optimizers import make_optimizer
 from protofl.data.federated import FederatedData
 from protofl.engine.schedule import AUGMENT, ORDER, Job, local_batches, torch_gen
-from protofl.models.nets import ProtoNet
 
 
 @dataclass(frozen=True)
@@ -21,12 +26,28 @@ class LocalSetup:
     """The local-training settings of a run."""
 
     batch_size: int
-    by_steps: bool  # Job.amount counts batches (local_steps) instead of epochs
+    by_steps: bool  # Job.units counts batches (local_steps) instead of epochs
     optimizer: str = "sgd"
     lr: float = 0.01
     momentum: float = 0.0
     weight_decay: float = 0.0
     seed: int = 0
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """Everything a trainer needs for one round."""
+
+    alg: Algorithm  # its ``model`` is the model trained
+    broadcast: Tensors  # what the server sent the round's clients
+    jobs: list[Job]
+    data: FederatedData
+    client_states: dict[int, Tensors]  # persistent per-client state, by client
+    setup: LocalSetup
+    round: int
+
+    def client_state(self, client: int) -> Tensors:
+        return self.client_states.get(client, {})
 
 
 @dataclass
@@ -37,73 +58,92 @@ class ClientResult:
     loss: float  # mean training loss over its local batches
 
 
+class Trainer(Protocol):
+    """Trains a round's jobs; results in job order, for the jobs it could train."""
+
+    name: str
+
+    def train(self, rc: RoundContext) -> list[ClientResult]: ...
+
+
 @dataclass
 class ClientWork:
     """Everything about one client's round except the training loop itself."""
 
     job: Job
-    x: torch.Tensor
+    x: torch.Tensor  # the client's training inputs (as the model sees them)
     y: torch.Tensor
     ctx: Tensors
     batches: list[torch.Tensor]
     augment_gen: torch.Generator
+    class_counts: torch.Tensor  # (C,) its samples per class, for a pipeline transform
 
 
-def make_optimizer(params: list[torch.Tensor], s: LocalSetup) -> torch.optim.Optimizer:
-    if s.optimizer == "adam":
-        return torch.optim.Adam(params, lr=s.lr, weight_decay=s.weight_decay)
-    return torch.optim.SGD(params, lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay)
+def prepare_client(rc: RoundContext, job: Job) -> ClientWork:
+    """The client's data, its loss context and its batch schedule for this round."""
+    alg, setup = rc.alg, rc.setup
+    x, y = rc.data.client_train(job.client)
+    x = rc.data.inputs(x)
+    ctx = alg.client_begin(alg.model, rc.broadcast, rc.client_state(job.client), x, y)
+    order = torch_gen(setup.seed, ORDER, rc.round, job.client)
+    batches = local_batches(alg.pipeline.order, y, job.units, setup.batch_size, setup.by_steps,
+                            order)
+    counts = (torch.bincount(y.flatten(), minlength=rc.data.num_classes)[:rc.data.num_classes]
+              if alg.pipeline.transform is not None else torch.empty(0))
+    return ClientWork(job, x, y, ctx, batches, torch_gen(setup.seed, AUGMENT, rc.round, job.client),
+                      counts)
 
 
-def prepare_client(alg: Algorithm, model: ProtoNet, glob: Tensors, job: Job,
-                   data: FederatedData, client_state: Tensors, s: LocalSetup, rnd: int
-                   ) -> ClientWork:
-    x, y = data.client_train(job.client)
-    ctx = alg.client_begin(model, glob, client_state, x, y)
-    order = torch_gen(s.seed, ORDER, rnd, job.client)
-    batches = local_batches(alg.epoch_order, y, job.amount, s.batch_size, s.by_steps, order)
-    return ClientWork(job, x, y, ctx, batches, torch_gen(s.seed, AUGMENT, rnd, job.client))
+def transformed(alg: Algorithm, work: ClientWork, x: torch.Tensor, y: torch.Tensor
+                ) -> torch.Tensor:
+    """A batch through the algorithm's pipeline transform (augmentation), if it has one."""
+    if alg.pipeline.transform is None:
+        return x
+    return alg.pipeline.transform(x, y, work.augment_gen, work.class_counts)
 
 
-def finish_client(alg: Algorithm, model: ProtoNet, glob: Tensors, work: ClientWork,
-                  params: Tensors, buffers: Tensors, client_state: Tensors, loss: float
-                  ) -> ClientResult:
+def finish_client(rc: RoundContext, work: ClientWork, params: Tensors, buffers: Tensors,
+                  loss: float) -> ClientResult:
+    model = rc.alg.model
     params = {k: v.detach() for k, v in params.items()}
     buffers = {k: v.detach() for k, v in buffers.items()}
     model.eval()
-    upload, state = alg.client_end(model, params, buffers, glob, work.ctx, client_state,
-                                   work.x, work.y)
+    client_state = rc.client_state(work.job.client)
+    upload, state = rc.alg.client_end(model, params, buffers, rc.broadcast, work.ctx,
+                                      client_state, work.x, work.y)
     return ClientResult(work.job.client, upload, state, loss)
 
 
-def train_client(alg: Algorithm, model: ProtoNet, glob: Tensors, job: Job, data: FederatedData,
-                 client_state: Tensors, s: LocalSetup, rnd: int) -> ClientResult:
+def train_client(rc: RoundContext, job: Job) -> ClientResult:
     """One client's round with an ordinary optimizer loop over the algorithm's functional loss
     (the reference path; the Flower ClientApp calls this too)."""
+    alg, setup = rc.alg, rc.setup
+    model = alg.model
     model.eval()
-    work = prepare_client(alg, model, glob, job, data, client_state, s, rnd)
-    start = alg.local_start(glob, client_state)
+    work = prepare_client(rc, job)
+    start = alg.local_start(rc.broadcast, rc.client_state(job.client))
     params = {k: v.clone().requires_grad_(True) for k, v in start["params"].items()}
     buffers = {k: v.clone() for k, v in start["buffers"].items()}
-    opt = make_optimizer(list(params.values()), s)
+    opt = make_optimizer(list(params.values()), setup.optimizer, setup.lr, setup.momentum,
+                         setup.weight_decay)
     model.train()
     total = 0.0
     for idx in work.batches:
-        xb, yb = work.x[idx], work.y[idx]
-        xb = alg.augment(xb, yb, work.augment_gen, work.ctx)
+        yb = work.y[idx]
+        xb = transformed(alg, work, work.x[idx], yb)
         loss = alg.loss(model, params, buffers, xb, yb, torch.ones(len(yb), dtype=xb.dtype),
                         work.ctx)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         total += loss.item()
-    return finish_client(alg, model, glob, work, params, buffers, client_state,
-                         total / max(len(work.batches), 1))
+    return finish_client(rc, work, params, buffers, total / max(len(work.batches), 1))
 
 
-def train_sequential(alg: Algorithm, model: ProtoNet, glob: Tensors, jobs: list[Job],
-                     data: FederatedData, client_states: dict[int, Tensors], s: LocalSetup,
-                     rnd: int) -> list[ClientResult]:
-    """Train the round's jobs one after another."""
-    return [train_client(alg, model, glob, job, data, client_states.get(job.client, {}), s, rnd)
-            for job in jobs]
+class SequentialTrainer:
+    """The round's jobs one after another (the reference path)."""
+
+    name = "sequential"
+
+    def train(self, rc: RoundContext) -> list[ClientResult]:
+        return [train_client(rc, job) for job in rc.jobs]

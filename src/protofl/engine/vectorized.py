@@ -1,7 +1,7 @@
 """Local training of a round's active clients together: one ``torch.func.vmap`` over stacked
 per-client weights instead of a Python loop over clients.
 
-It gives the result of ``train.train_sequential`` (same batches, contexts, augmentation
+It gives the result of ``train.SequentialTrainer`` (same batches, contexts, augmentation
 generators, optimizer arithmetic): every client still goes through ``prepare_client`` and
 ``finish_client``; only the step loop differs. At step ``t`` the clients are sorted by their
 number of steps (most first), so those that still have a step form a prefix ``[:n_t]`` of the
@@ -22,16 +22,15 @@ from torch.func import grad_and_value, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from protofl.algorithms.base import Algorithm, Tensors
-from protofl.data.federated import FederatedData
 from protofl.engine import optim
-from protofl.engine.schedule import Job
 from protofl.engine.train import (
     ClientResult,
     ClientWork,
-    LocalSetup,
+    RoundContext,
+    SequentialTrainer,
     finish_client,
     prepare_client,
-    train_sequential,
+    transformed,
 )
 from protofl.models.nets import ProtoNet
 
@@ -42,10 +41,8 @@ DEFAULT_BUDGET = 1 << 30  # bytes of stacked weights, optimizer state and activa
 _logged: set[str] = set()
 
 
-def vectorize_reason(alg: Algorithm, model: ProtoNet) -> str | None:
-    """None when ``alg`` on ``model`` can be trained vectorized; else why not (one line)."""
-    if not getattr(alg, "vectorizable", True):
-        return f"{alg.name}'s loss is not vmap-safe (vectorizable = False)"
+def vectorize_reason(model: ProtoNet) -> str | None:
+    """None when ``model`` can be trained vectorized; else why not (one line)."""
     for name, m in model.named_modules():
         if isinstance(m, torch.nn.modules.batchnorm._NormBase):
             return (f"model has {type(m).__name__} ({name}), whose training-mode batch "
@@ -89,8 +86,7 @@ def activation_bytes(model: ProtoNet, params: Tensors, buffers: Tensors,
     return total
 
 
-def chunk_size(model: ProtoNet, start: Tensors, x: torch.Tensor, batch: int, s: LocalSetup,
-               budget: int) -> int:
+def chunk_size(model: ProtoNet, start: Tensors, x: torch.Tensor, batch: int, budget: int) -> int:
     """How many clients fit ``budget``: per client, weights + gradients + optimizer state +
     temporaries (about 6 copies of the weights) and three times a batch's activations."""
     pbytes = sum(p.numel() * p.element_size() for p in start["params"].values())
@@ -98,14 +94,14 @@ def chunk_size(model: ProtoNet, start: Tensors, x: torch.Tensor, batch: int, s: 
     return max(1, budget // max(6 * pbytes + 3 * abytes, 1))
 
 
-def trained_params(alg: Algorithm, model: ProtoNet, work: ClientWork, start: Tensors
-                   ) -> list[str]:
+def trained_params(alg: Algorithm, work: ClientWork, start: Tensors) -> list[str]:
     """Names of the parameters the loss reaches (one autograd probe on the first batch). The
     others get no gradient, so torch.optim, and the vectorized trainer, leave them as they are
     (no weight decay, no optimizer state)."""
     params = {k: v.detach().clone().requires_grad_(True) for k, v in start["params"].items()}
     idx = work.batches[0]
     x, y = work.x[idx], work.y[idx]
+    model = alg.model
     model.train()
     loss = alg.loss(model, params, start["buffers"], x, y, torch.ones(len(y), dtype=x.dtype),
                     work.ctx)
@@ -165,21 +161,20 @@ def _row_index(works: list[ClientWork], offsets: list[int], steps: int
     return rows, sizes
 
 
-def _train_chunk(alg: Algorithm, model: ProtoNet, works: list[ClientWork], starts: list[Tensors],
-                 data: FederatedData, s: LocalSetup, trained: list[str]
-                 ) -> tuple[list[Tensors], list[Tensors], list[float]]:
+def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors],
+                 trained: list[str]) -> tuple[list[Tensors], list[Tensors], list[float]]:
     """Train the clients of ``works`` (sorted by steps, most first) together; only the
     parameters named in ``trained`` are updated."""
+    alg, model, data, setup = rc.alg, rc.alg.model, rc.data, rc.setup
     n_steps = [len(w.batches) for w in works]
     steps = n_steps[0]
     params = {k: torch.stack([st["params"][k] for st in starts]).detach().clone()
               for k in starts[0]["params"]}
     buffers, bdims = _stack_tree([st["buffers"] for st in starts])
     ctx, cdims = _stack_tree([w.ctx for w in works])
-    opt = optim.init_state({k: params[k] for k in trained}, s)
+    opt = optim.init_state({k: params[k] for k in trained}, setup)
     offsets = [int(data.train_offsets[w.job.client]) for w in works]
     rows, sizes = _row_index(works, offsets, steps)
-    custom_augment = type(alg).augment is not Algorithm.augment
     losses = torch.zeros(len(works), dtype=torch.float64)
 
     def client_loss(p, b, x, y, w, c):
@@ -193,17 +188,17 @@ def _train_chunk(alg: Algorithm, model: ProtoNet, works: list[ClientWork], start
         n = sum(1 for m in n_steps if m > t)  # clients with a step t: a prefix
         b = int(sizes[:n, t].max())
         r = rows[:n, t, :b]
-        x, y = data.x_train[r], data.y_train[r]
-        if custom_augment:
+        x, y = data.inputs(data.x_train[r]), data.y_train[r]
+        if alg.pipeline.transform is not None:
             x = x.clone()
             for i in range(n):
                 m = int(sizes[i, t])
-                x[i, :m] = alg.augment(x[i, :m], y[i, :m], works[i].augment_gen, works[i].ctx)
+                x[i, :m] = transformed(alg, works[i], x[i, :m], y[i, :m])
         w = (torch.arange(b) < sizes[:n, t, None]).to(x.dtype)
         p_n = {k: v[:n] for k, v in params.items()}
         grads, value = step_fn(p_n, _slice_tree(buffers, bdims, n), x, y, w,
                                _slice_tree(ctx, cdims, n))
-        optim.step_({k: p_n[k] for k in trained}, grads, {k: v[:n] for k, v in opt.items()}, s)
+        optim.step_({k: p_n[k] for k in trained}, grads, opt.head(n), setup)
         losses[:n] += value.detach().to(torch.float64)
     out_p = [{k: v[i].clone() for k, v in params.items()} for i in range(len(works))]
     bl, bspec = tree_flatten(buffers)
@@ -213,38 +208,53 @@ def _train_chunk(alg: Algorithm, model: ProtoNet, works: list[ClientWork], start
     return out_p, out_b, [float(losses[i]) / max(n_steps[i], 1) for i in range(len(works))]
 
 
-def train_vectorized(alg: Algorithm, model: ProtoNet, glob: Tensors, jobs: list[Job],
-                     data: FederatedData, client_states: dict[int, Tensors], s: LocalSetup,
-                     rnd: int, budget: int | None = None) -> list[ClientResult]:
-    """Train the round's jobs together; the same results as ``train_sequential``. Falls back
-    to it (logging why, once) when the model or the algorithm cannot be vectorized."""
-    reason = vectorize_reason(alg, model)
-    if reason is None and not jobs:
-        return []
-    if reason is None:
-        model.eval()
-        states = [client_states.get(j.client, {}) for j in jobs]
-        works = [prepare_client(alg, model, glob, j, data, st, s, rnd)
-                 for j, st in zip(jobs, states)]
-        starts = [alg.local_start(glob, st) for st in states]
+class VectorizedTrainer:
+    """The round's jobs trained together (``vmap`` over clients), in chunks that fit a memory
+    budget (bytes; default ``$PROTOFL_VECTORIZED_BUDGET_MB`` or 1 GiB). Gives the results of
+    :class:`SequentialTrainer`, which it falls back to (logging why, once) when a round's
+    client contexts cannot be stacked."""
+
+    name = "vectorized"
+
+    def __init__(self, budget: int | None = None):
+        self.budget = budget
+
+    def train(self, rc: RoundContext) -> list[ClientResult]:
+        if not rc.jobs:
+            return []
+        reason = vectorize_reason(rc.alg.model)
+        if reason is not None:
+            _log_once(f"training sequentially: {reason}")
+            return SequentialTrainer().train(rc)
+        rc.alg.model.eval()
+        works = [prepare_client(rc, j) for j in rc.jobs]
+        starts = [rc.alg.local_start(rc.broadcast, rc.client_state(j.client)) for j in rc.jobs]
         try:
             _stack_tree([w.ctx for w in works], check_only=True)
         except ValueError as e:
-            reason = f"{alg.name}: {e}"
+            _log_once(f"training sequentially: {rc.alg.name}: {e}")
+            return SequentialTrainer().train(rc)
+        order = sorted(range(len(rc.jobs)), key=lambda i: -len(works[i].batches))
+        bmax = max(len(b) for w in works for b in w.batches)
+        size = chunk_size(rc.alg.model, starts[0], rc.data.inputs(rc.data.x_train[:1]), bmax,
+                          memory_budget() if self.budget is None else self.budget)
+        trained = trained_params(rc.alg, works[0], starts[0])
+        results: list[ClientResult | None] = [None] * len(rc.jobs)
+        for c in range(0, len(order), size):
+            chunk = order[c:c + size]
+            out_p, out_b, losses = _train_chunk(rc, [works[i] for i in chunk],
+                                                [starts[i] for i in chunk], trained)
+            for j, i in enumerate(chunk):
+                results[i] = finish_client(rc, works[i], out_p[j], out_b[j], losses[j])
+        return results  # type: ignore[return-value]
+
+
+def choose_trainer(name: str, model: ProtoNet) -> SequentialTrainer | VectorizedTrainer:
+    """The trainer a config's ``trainer`` asks for: ``vectorized`` and ``auto`` train
+    sequentially, saying why, when the model cannot be vectorized."""
+    reason = None if name == "sequential" else vectorize_reason(model)
     if reason is not None:
-        _log_once(f"training sequentially: {reason}")
-        return train_sequential(alg, model, glob, jobs, data, client_states, s, rnd)
-    order = sorted(range(len(jobs)), key=lambda i: -len(works[i].batches))
-    bmax = max(len(b) for w in works for b in w.batches)
-    size = chunk_size(model, starts[0], data.x_train, bmax, s,
-                      memory_budget() if budget is None else budget)
-    trained = trained_params(alg, model, works[0], starts[0])
-    results: list[ClientResult | None] = [None] * len(jobs)
-    for c in range(0, len(order), size):
-        chunk = order[c:c + size]
-        out_p, out_b, losses = _train_chunk(alg, model, [works[i] for i in chunk],
-                                            [starts[i] for i in chunk], data, s, trained)
-        for j, i in enumerate(chunk):
-            results[i] = finish_client(alg, model, glob, works[i], out_p[j], out_b[j],
-                                       states[i], losses[j])
-    return results  # type: ignore[return-value]
+        log.info("training sequentially: %s", reason)
+    if name == "sequential" or reason is not None:
+        return SequentialTrainer()
+    return VectorizedTrainer()

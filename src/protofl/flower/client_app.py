@@ -1,7 +1,7 @@
 """The ClientApp: one SuperNode = one protofl client (its ``partition-id``).
 
-A ``train`` message carries the broadcast (``glob``) and the job (``job``: round, client,
-amount of local work, the run's config as JSON). The client trains with
+A ``train`` message carries the broadcast (``broadcast``) and the job (``job``: round,
+client, units of local work, the run's config as JSON). The client trains with
 ``protofl.engine.train.train_client`` (the engine's reference loop, so the algorithm's
 client_begin / loss / client_end run exactly as in process) and replies with the upload and
 its mean training loss. The client's persistent state (MOON's previous model, FedProIn's
@@ -17,7 +17,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from protofl.engine.schedule import Job
-from protofl.engine.train import train_client
+from protofl.engine.train import RoundContext, train_client
 from protofl.errors import ProtoflError
 from protofl.flower.records import tree_from_records, tree_to_records
 from protofl.flower.setup import build, check_partitions
@@ -61,12 +61,13 @@ def train(msg: Message, context: Context) -> Message:
     client = int(job["client"])
     if client != pid:
         raise ProtoflError(f"flower: job for client {client} sent to partition {pid}")
-    glob = tree_from_records(msg.content, "glob")
+    broadcast = tree_from_records(msg.content, "broadcast")
     key = state_key(str(job["config"]))
     state = tree_from_records(context.state, key) if key in context.state else {}
-    result = train_client(b.alg, b.model, glob,
-                          Job(client, int(job["amount"]), bool(job["straggler"])), b.data,
-                          state, b.setup, int(job["round"]))
+    work = Job(client, int(job["units"]), bool(job["straggler"]))
+    rc = RoundContext(b.alg, broadcast, [work], b.data, {client: state}, b.setup,
+                      int(job["round"]))
+    result = train_client(rc, work)
     if result.state:
         tree_to_records(result.state, key, context.state)
     content = tree_to_records(result.upload, "upload", RecordDict())
@@ -85,7 +86,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     server_state = tree_from_records(msg.content, "state")
     key = state_key(str(job["config"]))
     own = tree_from_records(context.state, key) if key in context.state else {}
-    got = client_predictions(b.alg, b.model, server_state, b.data, {pid: own},
+    got = client_predictions(b.alg, b.alg.model, server_state, b.data, {pid: own},
                              b.cfg.metrics.eval_batch, clients=[pid])
     y = b.data.client_test(pid)[1]
     # no model yet (or no test samples): predictions of -1, left out by the server

@@ -1,12 +1,12 @@
 """The ServerApp: protofl's round loop with Flower SuperNodes as the trainers.
 
 The server is ``protofl.engine.experiment.Experiment`` (same sampling, stragglers,
-aggregation, evaluation, AMM, run folder) whose trainer, instead of training in process,
-sends each job to the SuperNode holding that client's partition and turns the replies back
-into ``ClientResult``s. Every reply is checked with ``validate_upload``: a malformed one
-(missing keys, wrong shapes, NaN/Inf, negative counts) or an error reply (node died) is
-logged with the node and the problem and left out; the round goes on with the rest, and a
-round with no valid reply keeps the previous global state (``Experiment.step``).
+aggregation, evaluation, AMM, run folder) given a :class:`FlowerTrainer`, which instead of
+training in process sends each job to the SuperNode holding that client's partition and turns
+the replies back into ``ClientResult``s. Every reply is checked with ``validate_upload``: a
+malformed one (missing keys, wrong shapes, NaN/Inf, negative counts) or an error reply (node
+died) is logged with the node and the problem and left out; the round goes on with the rest,
+and a round with no valid reply keeps the previous global state (``Experiment.step``).
 
 Client-side state never reaches the server: for personalised methods each node predicts its
 own local test split with its own model and the server pools labels and predictions (the
@@ -25,13 +25,12 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from protofl.algorithms.base import Algorithm, Tensors, validate_upload
+from protofl.algorithms.base import validate_upload
+from protofl.api import folder_callbacks
 from protofl.config import Config
-from protofl.data.federated import FederatedData
-from protofl.engine import runfolder
+from protofl.engine.callbacks import Callback, TestMetrics, metric_callbacks
 from protofl.engine.experiment import Experiment
-from protofl.engine.schedule import Job
-from protofl.engine.train import ClientResult, LocalSetup
+from protofl.engine.train import ClientResult, RoundContext
 from protofl.errors import ProtoflError
 from protofl.flower.records import tree_from_records, tree_to_records
 from protofl.flower.setup import OUT, check_partitions, config_from_run
@@ -51,23 +50,29 @@ def short(reason: str) -> str:
     return (lines[-1] if lines else "unknown error")[:300]
 
 
-class FlowerExperiment(Experiment):
-    """An Experiment whose clients are SuperNodes reached through a Flower ``Grid``."""
+class FlowerTrainer(Callback):
+    """A trainer (and round callback) whose clients are SuperNodes reached through a Flower
+    ``Grid``: when the run starts it finds which node holds which client; each round's
+    rejected clients are added to the metrics line."""
 
-    def __init__(self, cfg: Config, grid: Grid, out: Path | None = None,
-                 round_timeout: float = 600.0, node_wait: float = 120.0):
-        super().__init__(cfg, out)
-        self.grid, self.round_timeout = grid, round_timeout
-        self.cfg_json = json.dumps(cfg.to_dict(), sort_keys=True)
-        self.trainer, self.trainer_name = self._train_remote, "flower"
-        self.nodes = self.discover(node_wait)
+    name = "flower"
+
+    def __init__(self, grid: Grid, round_timeout: float = 600.0, node_wait: float = 120.0):
+        self.grid, self.round_timeout, self.node_wait = grid, round_timeout, node_wait
+        self.nodes: dict[int, int] = {}
         self.rejected: list[dict[str, Any]] = []
+        self.cfg_json = ""
+
+    def on_run_start(self, exp: Experiment) -> None:
+        self.exp = exp
+        self.cfg_json = json.dumps(exp.cfg.to_dict(), sort_keys=True)
+        self.nodes = self.discover(self.node_wait)
 
     # ---- which node holds which client ----
     def discover(self, wait: float) -> dict[int, int]:
         """Map client (partition-id) -> node id, asking every connected SuperNode; waits up
         to ``wait`` s for one node per client, then goes on with those it has."""
-        want = self.data.num_clients
+        want = self.exp.data.num_clients
         deadline = time.monotonic() + wait
         nodes: dict[int, int] = {}
         asked: set[int] = set()
@@ -83,7 +88,7 @@ class FlowerExperiment(Experiment):
                                 short(reply.error.reason))
                     continue
                 info = reply.content.config_records["node"]
-                check_partitions(int(info["num-partitions"]), self.data)
+                check_partitions(int(info["num-partitions"]), self.exp.data)
                 pid = int(info["partition-id"])
                 if not 0 <= pid < want:
                     raise ProtoflError(f"flower: node {node} has partition-id {pid}, outside "
@@ -131,23 +136,22 @@ class FlowerExperiment(Experiment):
         return replies
 
     # ---- the trainer ----
-    def _train_remote(self, alg: Algorithm, model: Any, glob: Tensors, jobs: list[Job],
-                      data: FederatedData, client_states: dict, s: LocalSetup, rnd: int
-                      ) -> list[ClientResult]:
-        glob_records = tree_to_records(glob, "glob", RecordDict())
+    def train(self, rc: RoundContext) -> list[ClientResult]:
+        rnd = rc.round
+        records = tree_to_records(rc.broadcast, "broadcast", RecordDict())
         msgs, sent = [], {}
-        for job in jobs:
+        for job in rc.jobs:
             node = self.nodes.get(job.client)
             if node is None:
                 self._reject(rnd, job.client, None, "no SuperNode holds this client")
                 continue
-            content = RecordDict({**glob_records, "job": ConfigRecord({
-                "round": rnd, "client": job.client, "amount": job.amount,
-                "straggler": job.straggler, "seed": s.seed, "config": self.cfg_json})})
+            content = RecordDict({**records, "job": ConfigRecord({
+                "round": rnd, "client": job.client, "units": job.units,
+                "straggler": job.straggler, "config": self.cfg_json})})
             msgs.append(Message(content, dst_node_id=node, message_type="train",
                                 group_id=str(rnd)))
             sent[node] = job.client
-        shapes = alg.upload_shapes()
+        spec = rc.alg.upload_spec()
         results: dict[int, ClientResult] = {}
         for reply in self._exchange(msgs, self.round_timeout):
             node = reply.metadata.src_node_id
@@ -160,7 +164,7 @@ class FlowerExperiment(Experiment):
                 continue
             try:
                 upload = tree_from_records(reply.content, "upload")
-                validate_upload(upload, shapes)
+                validate_upload(upload, spec)
                 loss = float(reply.content.metric_records["metrics"]["loss"])
             except (ProtoflError, KeyError, TypeError, ValueError) as e:
                 self._reject(rnd, client, node, str(e))
@@ -168,21 +172,23 @@ class FlowerExperiment(Experiment):
             results[client] = ClientResult(client, upload, {}, loss)
         for node, client in sent.items():  # what is left never replied
             self._reject(rnd, client, node, "no reply")
-        return [results[j.client] for j in jobs if j.client in results]  # the engine's order
+        return [results[j.client] for j in rc.jobs if j.client in results]  # the engine's order
 
     def _reject(self, rnd: int, client: int, node: int | None, why: str) -> None:
         log.warning("round %d: client %d (node %s) left out: %s", rnd, client, node, why)
         self.rejected.append({"round": rnd, "client": client, "node": node, "reason": why})
 
-    def evaluate(self) -> dict:
-        """The engine's evaluation; for personalised methods the clients' own models stay on
-        the nodes, so each node predicts its local test split and the server pools them."""
-        if not self.alg.personalized:
-            return super().evaluate()
-        content = tree_to_records(self.state, "state", RecordDict())
-        content["job"] = ConfigRecord({"round": self.round, "config": self.cfg_json})
+    def after_aggregate(self, exp, record, results):
+        record["rejected"] = sorted(r["client"] for r in self.rejected
+                                    if r["round"] == record["round"])
+
+    def predictions(self, state: dict, rnd: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Each node's labels and predictions on its local test split (personalised methods:
+        the clients' own models stay on the nodes)."""
+        content = tree_to_records(state, "state", RecordDict())
+        content["job"] = ConfigRecord({"round": rnd, "config": self.cfg_json})
         msgs = [Message(RecordDict(dict(content)), dst_node_id=n, message_type="evaluate",
-                        group_id=f"eval{self.round}") for n in self.nodes.values()]
+                        group_id=f"eval{rnd}") for n in self.nodes.values()]
         client_of = {n: k for k, n in self.nodes.items()}
         got: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for reply in self._exchange(msgs, self.round_timeout):
@@ -199,33 +205,42 @@ class FlowerExperiment(Experiment):
                 continue
             if len(y) and bool((pred >= 0).all()):
                 got[client_of[node]] = (y, pred)
-        if not got:
-            return {}
-        return client_figures(got, self.data.num_classes, pooled=True)
+        return got
 
-    def step(self) -> dict:
-        record = super().step()
-        record["rejected"] = sorted(r["client"] for r in self.rejected
-                                    if r["round"] == record["round"])
-        return record
+
+class RemoteTestMetrics(TestMetrics):
+    """The engine's test metrics; for personalised methods each node scores its own model on
+    its local test split and the server pools the labels and predictions."""
+
+    def __init__(self, trainer: FlowerTrainer):
+        self.trainer = trainer
+
+    def on_evaluate(self, exp, record):
+        if not exp.alg.personalized:
+            return super().on_evaluate(exp, record)
+        got = self.trainer.predictions(exp.state, exp.round)
+        if got:
+            record.update(client_figures(got, exp.data.num_classes, pooled=True))
 
 
 def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout: float = 600.0,
-                node_wait: float = 120.0) -> FlowerExperiment:
+                node_wait: float = 120.0) -> Experiment:
     """Run ``cfg`` to the end on the SuperNodes of ``grid``; writes the run folder ``out``
-    (config.json, metrics.jsonl, checkpoints, summary.json) as the in-process engine does, plus
-    ``flower.log``: the server's log lines (left-out replies, missing nodes)."""
+    (config.json, metrics.jsonl, checkpoints, summary.json, plots) as the in-process engine
+    does, plus ``flower.log``: the server's log lines (left-out replies, missing nodes)."""
+    trainer = FlowerTrainer(grid, round_timeout, node_wait)
+    metrics = [RemoteTestMetrics(trainer) if isinstance(cb, TestMetrics) else cb
+               for cb in metric_callbacks()]
+    # the run folder is prepared before the trainer's on_run_start logs anything into it
+    exp = Experiment(cfg, trainer=trainer, callbacks=[
+        *metrics, *folder_callbacks(out, overwrite=False, progress=False), trainer])
     handler = None
     if out is not None:
-        runfolder.prepare(out, overwrite=False)
-        handler = logging.FileHandler(out / LOG_FILE)
+        handler = logging.FileHandler(out / LOG_FILE, delay=True)  # opened at the first line
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
     try:
-        exp = FlowerExperiment(cfg, grid, out, round_timeout, node_wait)
-        if out is not None:
-            runfolder.write_json(out / runfolder.CONFIG, cfg.to_dict())
         summary = exp.run()
         log.info("protofl run finished: %s", {k: summary.get(k) for k in (
             "algorithm", "dataset", "rounds", "accuracy")})

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad
 
-from protofl.algorithms import prototypes as pm
+from protofl.algorithms import prototype_math
 from protofl.algorithms.base import Algorithm, Tensors
 from protofl.data.federated import FederatedData
 from protofl.metrics.classification import report
@@ -45,12 +45,11 @@ def client_predictions(alg: Algorithm, model: ProtoNet, state: Tensors, data: Fe
     out = {}
     for k in range(data.num_clients) if clients is None else clients:
         x, y = data.client_test(k)
-        own = client_states.get(k, {}) if alg.personalized else {}
-        params = own.get("params", state.get("params"))
-        if len(y) == 0 or params is None:  # a personalised client that has not trained yet
+        weights = alg.eval_weights(state, client_states.get(k, {}))
+        if len(y) == 0 or weights is None:  # a personalised client that has not trained yet
             continue
-        buffers = own.get("buffers", state.get("buffers"))
-        out[k] = (y, scores(alg, model, params, buffers, state, x, batch).argmax(1))
+        out[k] = (y, scores(alg, model, weights["params"], weights["buffers"], state,
+                            data.inputs(x), batch).argmax(1))
     return out
 
 
@@ -76,7 +75,9 @@ def train_loss(alg: Algorithm, model: ProtoNet, state: Tensors, data: FederatedD
     n = len(data.y_train)
     idx = torch.arange(n) if n <= max_samples else torch.from_numpy(
         np.sort(np.random.default_rng(seed).choice(n, max_samples, replace=False)))
-    s = scores(alg, model, state["params"], state["buffers"], state, data.x_train[idx], batch)
+    weights = alg.global_weights(state)
+    s = scores(alg, model, weights["params"], weights["buffers"], state,
+               data.inputs(data.x_train[idx]), batch)
     return float(F.cross_entropy(s, data.y_train[idx]))
 
 
@@ -95,7 +96,7 @@ def gradient_dissimilarity(model: ProtoNet, params: Tensors, buffers: Tensors,
     flat, sizes = [], []
     for k in clients.tolist():
         x, y = data.client_train(k)
-        x, y = x[:max_per_client], y[:max_per_client]
+        x, y = data.inputs(x[:max_per_client]), y[:max_per_client]
         gk = g(params, x, y)
         flat.append(torch.cat([v.reshape(-1) for v in gk.values()]).double())
         sizes.append(float(len(data.client_train(k)[1])))
@@ -112,7 +113,7 @@ def aggregate_mean_margin(protos: torch.Tensor, counts: torch.Tensor, server: to
     everything = torch.ones(server.shape[0], dtype=torch.bool)
     vals = []
     for p, n in zip(protos, counts):
-        s = pm.spm(p.double(), server.double(), n > 0, everything)
+        s = prototype_math.spm(p.double(), server.double(), n > 0, everything)
         vals.append(s[~torch.isnan(s)])
     v = torch.cat(vals) if vals else torch.empty(0)
     return float(v.mean()) if len(v) else float("nan")

@@ -10,6 +10,7 @@ import numpy as np
 
 from protofl.engine import runfolder
 from protofl.errors import ProtoflError
+from protofl.nested import flatten
 from protofl.report.plots import plot_groups, plot_weights
 
 COLUMNS = ("accuracy", "balanced_accuracy", "f1_weighted", "local_accuracy", "train_loss",
@@ -37,27 +38,20 @@ IN_DATASET_LABEL = {"seed", "algorithm", "data.partition", "data.alpha",
                     "data.classes_per_client"}
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def labels(runs: list[dict]) -> list[str]:
     """Runs that differ only in seed share a label: the algorithm, plus every config key whose
-    value varies among these runs (e.g. ``algo.weights``, ``clients.tolerate_partial``)."""
-    flats = [_flat(r["config"]) for r in runs]
-    keys = sorted({k for f in flats for k in f} - IN_DATASET_LABEL)
-    varying = [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1]
+    value varies among the runs of that algorithm (e.g. ``algo.weights``,
+    ``clients.tolerate_partial``)."""
+    flats = [flatten(r["config"]) for r in runs]
+    names = [r["summary"]["algorithm"] for r in runs]
     out = []
-    for r, f in zip(runs, flats):
+    for name, f in zip(names, flats):
+        same = [g for n, g in zip(names, flats) if n == name]
+        keys = sorted({k for g in same for k in g} - IN_DATASET_LABEL)
+        varying = [k for k in keys if len({repr(g.get(k)) for g in same}) > 1]
         extra = ",".join(f"{k.removeprefix('algo.')}={f[k]}" for k in varying
                          if f.get(k) is not None)
-        out.append(r["summary"]["algorithm"] + (f"[{extra}]" if extra else ""))
+        out.append(name + (f"[{extra}]" if extra else ""))
     return out
 
 

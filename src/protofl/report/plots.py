@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from protofl.engine import runfolder  # noqa: E402
+from protofl.engine.callbacks import Callback  # noqa: E402
 
 CURVES = (("accuracy", "test accuracy"), ("train_loss", "training loss"),
           ("dissimilarity", "gradient dissimilarity"), ("amm", "aggregate mean margin"))
@@ -47,6 +48,16 @@ def plot_run(folder: Path) -> None:
         if summary.get("confusion"):
             plot_confusion(np.asarray(summary["confusion"]), folder / "confusion.png",
                            f"{summary.get('algorithm')} on {summary.get('dataset')}")
+
+
+class PlotRun(Callback):
+    """Draws a run folder's ``curves.png`` and ``confusion.png`` when the run ends."""
+
+    def __init__(self, out: Path):
+        self.out = Path(out)
+
+    def on_run_end(self, exp, summary) -> None:
+        plot_run(self.out)
 
 
 def plot_confusion(m: np.ndarray, path: Path, title: str = "",

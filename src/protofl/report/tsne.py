@@ -9,9 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
-from protofl.algorithms.base import forward  # noqa: E402
+from protofl.algorithms.base import features  # noqa: E402
 from protofl.engine import runfolder  # noqa: E402
 from protofl.errors import ProtoflError  # noqa: E402
 
@@ -27,13 +26,14 @@ def tsne_plot(folder: Path, samples: int = 1000, seed: int = 0) -> Path:
     folder = Path(folder)
     exp = Experiment(config_from_dict(runfolder.load_config_json(folder)))
     exp.restore(runfolder.load_checkpoint(folder))
-    if "params" not in exp.state:
+    weights = exp.alg.global_weights(exp.state)
+    if weights is None:
         raise ProtoflError(f"{exp.alg.name} keeps personalised models: no global model to embed")
     x, y = exp.data.x_test, exp.data.y_test
     pick = np.sort(np.random.default_rng(seed).permutation(len(y))[:samples])
-    exp.model.eval()
-    with torch.no_grad():
-        z = forward(exp.model, exp.state["params"], exp.state["buffers"], x[pick])[0]
+    exp.alg.model.eval()
+    z = features(exp.alg.model, weights["params"], weights["buffers"],
+                 exp.data.inputs(x[pick]))
     emb = TSNE(2, init="pca", random_state=seed,
                perplexity=min(30.0, max(2.0, len(pick) / 4))).fit_transform(z.numpy())
     labels = y[pick].numpy()

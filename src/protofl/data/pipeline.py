@@ -1,0 +1,39 @@
+"""How a client's local data become training batches: the sample order of each local epoch
+and an optional per-batch transform (augmentation). An algorithm declares its pipeline (e.g.
+fedproin's class-balanced epochs with adaptive augmentation); the trainers only run it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+Order = Callable[[torch.Tensor, torch.Generator], torch.Tensor]  # (y, gen) -> indices
+# (x, y, gen, the client's per-class sample counts) -> transformed x
+Transform = Callable[[torch.Tensor, torch.Tensor, torch.Generator, torch.Tensor], torch.Tensor]
+
+
+def shuffled(y: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """One pass over every sample in a fresh random order."""
+    return torch.randperm(len(y), generator=gen)
+
+
+def class_balanced(y: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Class-balanced epoch: ``max_c n_c * C_local`` indices drawn with replacement, sample i
+    with probability ``1 / (C_local * n_{y_i})``."""
+    if len(y) == 0:
+        return shuffled(y, gen)
+    counts = torch.bincount(y)
+    c_local = int((counts > 0).sum())
+    weights = 1.0 / (c_local * counts[y].to(torch.float64))
+    length = int(counts.max()) * c_local
+    return torch.multinomial(weights, length, replacement=True, generator=gen)
+
+
+@dataclass(frozen=True)
+class ClientPipeline:
+    """An epoch's sample order and a per-batch transform (None: batches as stored)."""
+
+    order: Order = shuffled
+    transform: Transform | None = None

@@ -1,0 +1,204 @@
+"""Round callbacks: everything the round loop does besides training and aggregating.
+
+A callback overrides the hooks it needs; the loop calls them in list order::
+
+    on_run_start(exp)                      before the first round (also on resume)
+    after_aggregate(exp, record, results)  every round, after aggregation (timed)
+    on_evaluate(exp, record)               on evaluation rounds (timed)
+    on_round_end(exp, record)              every round, after ``seconds`` is set
+    on_run_end(exp, summary)               after the last round
+
+``record`` is the round's line of ``metrics.jsonl`` (a dict callbacks add figures to),
+``results`` the round's ``ClientResult``s and ``exp`` the running :class:`Experiment` (its
+``cfg``, ``data``, ``alg``, ``state``, ``client_states``, ``round``). A callback with state
+returns it from ``state_dict`` (checkpointed) and takes it back in ``load_state_dict``.
+
+The metrics (:class:`TestMetrics`, :class:`TrainLoss`, :class:`Dissimilarity`, :class:`Amm`),
+the run folder (:class:`RunFolder`) and the progress bar (:class:`Progress`) are callbacks; a
+user adds one from Python (``Experiment(cfg, callbacks=[...])`` or ``exp.callbacks.append``)
+or from the config (``callbacks: ["my_module:MyCallback"]``, built with no arguments).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from protofl.algorithms import prototype_math
+from protofl.engine import runfolder
+from protofl.errors import ProtoflError
+from protofl.metrics import federated as fm
+from protofl.seeding import PROBE, np_rng
+
+if TYPE_CHECKING:
+    from protofl.engine.experiment import Experiment
+    from protofl.engine.train import ClientResult
+
+
+class Callback:
+    """A hook into the round loop (every hook does nothing by default)."""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def on_run_start(self, exp: Experiment) -> None:
+        pass
+
+    def after_aggregate(self, exp: Experiment, record: dict, results: list[ClientResult]
+                        ) -> None:
+        pass
+
+    def on_evaluate(self, exp: Experiment, record: dict) -> None:
+        pass
+
+    def on_round_end(self, exp: Experiment, record: dict) -> None:
+        pass
+
+    def on_run_end(self, exp: Experiment, summary: dict) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+# ---- per-round metrics ----
+
+class Amm(Callback):
+    """The aggregate mean margin: SPM of each client's prototypes against the count-weighted
+    aggregate of the prototypes seen so far (``metrics.amm``)."""
+
+    def __init__(self) -> None:
+        self.reference: torch.Tensor | None = None  # aggregate prototypes (C, d)
+
+    def after_aggregate(self, exp, record, results):
+        if not exp.cfg.metrics.amm or not results:
+            return
+        pairs = [exp.alg.prototypes(r.upload, *exp.client_inputs(r.client)) for r in results]
+        protos, counts = torch.stack([p for p, _ in pairs]), torch.stack([n for _, n in pairs])
+        previous = self.reference if self.reference is not None else torch.zeros_like(protos[0])
+        self.reference = prototype_math.aggregate_prototypes(protos, counts, previous)
+        record["amm"] = fm.aggregate_mean_margin(protos, counts, self.reference)
+
+    def state_dict(self):
+        return {} if self.reference is None else {"reference": self.reference}
+
+    def load_state_dict(self, state):
+        self.reference = state.get("reference")
+
+
+class TestMetrics(Callback):
+    """Accuracy, loss and the classification report of the aggregate model on the global test
+    set, and each client's accuracy on its local test split (personalised methods: with its
+    own model, all clients' predictions pooled into the report)."""
+
+    def on_evaluate(self, exp, record):
+        alg, data, state = exp.alg, exp.data, exp.state
+        batch = exp.cfg.metrics.eval_batch
+        weights = alg.global_weights(state)
+        if weights is not None:
+            record.update(fm.evaluate(alg, alg.model, weights["params"], weights["buffers"],
+                                      state, data.inputs(data.x_test), data.y_test,
+                                      data.num_classes, batch))
+        preds = fm.client_predictions(alg, alg.model, state, data, exp.client_states, batch)
+        record.update(fm.client_figures(preds, data.num_classes, pooled=alg.personalized))
+
+
+class TrainLoss(Callback):
+    """Cross-entropy of the aggregate model on (a seeded sample of) all training data
+    (``metrics.train_loss_samples``; 0: off)."""
+
+    def on_evaluate(self, exp, record):
+        n = exp.cfg.metrics.train_loss_samples
+        if n and exp.alg.global_weights(exp.state) is not None:
+            record["train_loss"] = fm.train_loss(exp.alg, exp.alg.model, exp.state, exp.data, n,
+                                                 exp.cfg.seed, exp.cfg.metrics.eval_batch)
+
+
+class Dissimilarity(Callback):
+    """Gradient dissimilarity of the aggregate model over a fixed seeded sample of clients
+    (``metrics.dissimilarity_clients``; 0: off)."""
+
+    def on_evaluate(self, exp, record):
+        n = min(exp.cfg.metrics.dissimilarity_clients, exp.data.num_clients)
+        weights = exp.alg.global_weights(exp.state)
+        if n and weights is not None:
+            probe = np.sort(np_rng(exp.cfg.seed, PROBE).choice(exp.data.num_clients, n,
+                                                               replace=False))
+            record["dissimilarity"] = fm.gradient_dissimilarity(
+                exp.alg.model, weights["params"], weights["buffers"], exp.data, probe)
+
+
+def metric_callbacks() -> list[Callback]:
+    """The per-round metrics every run logs (each switched by its ``metrics.*`` key)."""
+    return [Amm(), TestMetrics(), TrainLoss(), Dissimilarity()]
+
+
+# ---- run folder and progress ----
+
+class RunFolder(Callback):
+    """Writes the run folder ``out``: ``config.json`` (the resolved config), one line of
+    ``metrics.jsonl`` per evaluated round, checkpoints, and ``summary.json``. A fresh run
+    refuses a folder holding a run unless ``overwrite``; a resumed run drops the metric lines
+    past its checkpoint."""
+
+    def __init__(self, out: Path, overwrite: bool = False):
+        self.out, self.overwrite = Path(out), overwrite
+
+    def on_run_start(self, exp):
+        if exp.round:
+            runfolder.truncate_metrics(self.out, exp.round)
+            return
+        runfolder.prepare(self.out, self.overwrite)
+        runfolder.write_json(self.out / runfolder.CONFIG, exp.cfg.to_dict())
+
+    def on_round_end(self, exp, record):
+        if exp.evaluating(record["round"]):
+            runfolder.append_metrics(self.out, record)
+        every = exp.cfg.checkpoint_every
+        if every and (exp.round % every == 0 or exp.round == exp.cfg.rounds):
+            runfolder.save_checkpoint(self.out, exp.snapshot())
+
+    def on_run_end(self, exp, summary):
+        runfolder.write_json(self.out / runfolder.SUMMARY, summary)
+
+
+class Progress(Callback):
+    """A tqdm progress bar over rounds, showing the last accuracy."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+
+    def on_run_start(self, exp):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=exp.cfg.rounds, initial=exp.round, unit="round", leave=False,
+                        desc=f"{exp.alg.name} {exp.data.name} seed {exp.cfg.seed}")
+
+    def on_round_end(self, exp, record):
+        self.bar.update(1)
+        if "accuracy" in record:
+            self.bar.set_postfix(acc=f"{record['accuracy']:.3f}")
+
+    def on_run_end(self, exp, summary):
+        self.bar.close()
+
+
+def load_callback(path: str) -> Callback:
+    """A callback from its ``module:Class`` import path (built with no arguments)."""
+    module, _, attr = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ProtoflError(f"config: callbacks: cannot import {path!r} ({e})") from None
+    cb = cls()
+    if not isinstance(cb, Callback):
+        raise ProtoflError(f"config: callbacks: {path!r} is not a protofl Callback")
+    return cb

@@ -1,0 +1,17 @@
+"""Nested dicts (of tensors or config values) flattened to dotted keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (leaves are anything that is not a dict)."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

@@ -1,0 +1,20 @@
+"""Seeded generators keyed by purpose: every random choice of a run is drawn from a generator
+made from ``(seed, purpose, round[, client])``, so a round's choices do not depend on the order
+clients are trained in, on the trainer, or on whether the run was resumed."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# purposes (the second key of every generator)
+SAMPLE, STRAGGLE, ORDER, AUGMENT, PROBE, SERVER = range(6)  # SERVER: server-side training
+
+
+def np_rng(seed: int, *keys: int) -> np.random.Generator:
+    return np.random.default_rng([seed, *keys])
+
+
+def torch_gen(seed: int, *keys: int) -> torch.Generator:
+    state = np.random.SeedSequence([seed, *keys]).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
