@@ -49,3 +49,41 @@ def test_load_raw_errors(tmp_path):
     top.write_text("- 1\n")
     with pytest.raises(ProtoflError, match="mapping"):
         load_raw(top)
+
+
+def test_numeric_strings_are_numbers():
+    """YAML 1.1 reads 1e-3 as a string; a number key takes it as the number it spells."""
+    raw = {}
+    apply_set(raw, "clients.lr=1e-3")
+    apply_set(raw, "rounds=1e1")
+    cfg = config_from_dict(raw)
+    assert cfg.clients.lr == 1e-3 and cfg.rounds == 10
+    with pytest.raises(ProtoflError, match="clients.lr"):
+        config_from_dict({"clients": {"lr": "nan"}})
+    with pytest.raises(ProtoflError, match="finite"):
+        config_from_dict({"data": {"alpha": float("inf")}})
+
+
+def test_paths_expand_the_home_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = config_from_dict({"data": {"root": "~/data/mnist"}})
+    assert cfg.data.root == str(tmp_path / "data" / "mnist")
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 10**30])
+def test_seeds_outside_numpy_and_torch_range_are_refused(seed):
+    with pytest.raises(ProtoflError, match="seed"):
+        config_from_dict({"seed": seed})
+
+
+def test_empty_config_file_is_refused(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing\n")
+    with pytest.raises(ProtoflError, match="empty"):
+        load_raw(empty)
+
+
+def test_a_declared_range_binds_every_model():
+    """model.norm is checked up front, whatever the model (it passed silently with an MLP)."""
+    with pytest.raises(ProtoflError, match="model.norm"):
+        config_from_dict({"model": {"name": "mlp", "norm": "layer"}})

@@ -113,6 +113,31 @@ def cmd_datasets(args) -> int:
     return 0
 
 
+def options_markdown() -> str:
+    """The option tables of docs/configuration.md: the config's, then each algorithm's."""
+    import json
+
+    from protofl.algorithms.registry import ALGORITHMS, algorithm_class
+    from protofl.config import declared, markdown_table
+
+    parts = ["## Experiment options", "", markdown_table(), ""]
+    for name in ALGORITHMS:
+        cls = algorithm_class(name)
+        parts += [f"## `algo.*` of `{name}`", ""]
+        parts += [markdown_table(cls.Options, "algo."), ""] if declared(cls.Options) else [
+            "No options.", ""]
+        if cls.client_defaults:
+            shown = ", ".join(f"`clients.{k}: {json.dumps(v)}`"
+                              for k, v in cls.client_defaults.items())
+            parts += [f"Defaults it sets where the config leaves them null: {shown}.", ""]
+    return "\n".join(parts)
+
+
+def cmd_options(args) -> int:
+    print(options_markdown())
+    return 0
+
+
 def cmd_suites(args) -> int:
     from protofl.suites import SUITES
 
@@ -143,7 +168,7 @@ def _options_epilog() -> str:
     """Every config key for ``protofl run --help`` (the same declarations as the docs)."""
     from protofl.config import option_rows
 
-    lines = ["config keys (--set KEY=VALUE; algo.* options: see docs/configuration.md):"]
+    lines = ["config keys (--set KEY=VALUE; algo.* options: `protofl options`):"]
     for key, default, allowed, text in option_rows():
         lines.append(f"  {key} = {default}  [{allowed}]")
         lines.append(f"      {text}")
@@ -191,7 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, func, text in (("algorithms", cmd_algorithms, "list the algorithms"),
                              ("datasets", cmd_datasets, "list the datasets"),
-                             ("suites", cmd_suites, "list the experiment suites")):
+                             ("suites", cmd_suites, "list the experiment suites"),
+                             ("options", cmd_options,
+                              "every config and algorithm option, as Markdown tables")):
         sub.add_parser(name, help=text).set_defaults(func=func)
 
     q = sub.add_parser("stats", help="partition statistics of a dataset (the seed's Fig. S1)")

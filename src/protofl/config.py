@@ -42,11 +42,10 @@ class Rule:
     def allowed(self, hint: Any) -> str:
         """The allowed values in words, e.g. ``an integer >= 1`` or ``sgd or adam``."""
         if self.choices:
-            words = [str(c) for c in self.choices]
+            words = (["null"] if _nullable(hint) else []) + [str(c) for c in self.choices]
             return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
-        kind = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
         base = _base(hint)
-        text = kind.get(base, getattr(base, "__name__", str(base)))
+        text = _kind(base)
         bounds = [f"{op} {_num(v)}" for op, v in ((">=", self.ge), (">", self.gt),
                                                    ("<=", self.le), ("<", self.lt))
                   if v is not None]
@@ -56,7 +55,9 @@ class Rule:
             text = f"a number in {hi}{_num(lo)}, {_num(up)}{close}"
         elif bounds:
             text += " " + " and ".join(bounds)
-        return ("null or " + text) if _nullable(hint) else text
+        if not _nullable(hint):
+            return text
+        return "null, true or false" if base is bool else "null or " + text
 
     def ok(self, value: Any) -> bool:
         if value is None:
@@ -82,6 +83,18 @@ def _num(v: float) -> str:
 def _nullable(hint: Any) -> bool:
     return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in (
         typing.get_args(hint))
+
+
+def _kind(hint: Any) -> str:
+    """A type in words: ``an integer``, ``a list of strings``, ..."""
+    kind = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    origin = typing.get_origin(hint)
+    if origin is list:
+        item = _kind(typing.get_args(hint)[0])
+        return "a list of " + item.split(" ", 1)[1] + "s"
+    if origin is dict:
+        return "a mapping"
+    return kind.get(hint, getattr(hint, "__name__", str(hint)))
 
 
 def _base(hint: Any) -> Any:
@@ -242,10 +255,7 @@ def _coerce(hint: Any, value: Any, path: str) -> Any:
         return float(value)
     if hint is str and isinstance(value, str):
         return value
-    kind = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-    want = kind.get(hint) or ("a mapping" if origin is dict else "a list" if origin is list
-                              else getattr(hint, "__name__", str(hint)))
-    raise ProtoflError(f"config: {path} = {value!r} should be {want}")
+    raise ProtoflError(f"config: {path} = {value!r} should be {_kind(hint)}")
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:
@@ -279,7 +289,7 @@ def option_rows(cls: type = Config, prefix: str = "") -> list[tuple[str, str, st
         if dataclasses.is_dataclass(hint):
             rows += option_rows(hint, f"{prefix}{name}.")
         elif rule is not None:
-            shown = "–" if default is None else json.dumps(default, ensure_ascii=False)
+            shown = json.dumps(default, ensure_ascii=False)
             if rule.fallback is not None:
                 shown = f"algorithm's, else {json.dumps(rule.fallback)}"
             rows.append((f"{prefix}{name}", shown, rule.allowed(hint), rule.help))
@@ -342,3 +352,4 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     for k, v in over.items():
         out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
+

@@ -1,0 +1,189 @@
+"""The seams of docs/architecture.md hold: layers import only layers below them, the engine
+and the metrics name no algorithm's upload key, and every option is declared once (the docs
+table is generated from the declarations)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from protofl.algorithms.registry import ALGORITHMS, algorithm_class, make_algorithm
+from protofl.config import Config, declared, markdown_table, resolve_defaults
+from protofl.models.nets import Mlp
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "protofl"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+# bottom to top: a module may import its own layer's modules and those of lower layers
+LAYERS = [
+    {"errors", "config", "seeding", "nested", "tasks"},
+    {"data"},
+    {"models"},
+    {"algorithms"},
+    {"metrics"},
+    {"engine"},
+    {"report"},
+    {"api", "cli", "suites", "flower", "__init__"},
+]
+
+
+def layer_of(module: str) -> int:
+    """``protofl.engine.train`` -> the index of the layer holding ``engine``."""
+    part = module.split(".")[1] if "." in module else "__init__"
+    for i, names in enumerate(LAYERS):
+        if part in names:
+            return i
+    raise AssertionError(f"{module} is in no layer of docs/architecture.md")
+
+
+def protofl_imports(path: Path) -> set[str]:
+    """Every ``protofl.*`` module a source file imports (at the top or inside functions)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("protofl")}
+        elif isinstance(node, ast.ImportFrom) and node.module == "protofl":
+            out |= {f"protofl.{a.name}" for a in node.names}  # from protofl import tasks
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(
+                "protofl"):
+            out.add(node.module)
+    return out
+
+
+def modules() -> dict[str, Path]:
+    return {"protofl." + ".".join(p.relative_to(SRC).with_suffix("").parts): p
+            for p in SRC.rglob("*.py")}
+
+
+def test_every_module_has_a_layer():
+    for name in modules():
+        layer_of(name.removesuffix(".__init__"))
+
+
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_layers_import_only_downwards(name):
+    own = layer_of(name.removesuffix(".__init__"))
+    for target in protofl_imports(modules()[name]):
+        assert layer_of(target) <= own, f"{name} (layer {own}) imports {target}"
+
+
+def test_algorithms_never_import_the_engine():
+    for name, path in modules().items():
+        if name.startswith("protofl.algorithms"):
+            assert not any(t.startswith(("protofl.engine", "protofl.flower"))
+                           for t in protofl_imports(path)), name
+
+
+def algorithm_upload_keys() -> set[str]:
+    """The upload keys that belong to particular algorithms (not FedAvg's own)."""
+    keys = set()
+    for name in ALGORITHMS:
+        alg = make_algorithm(name, {}, Mlp(4, 3, hidden=(5,)), 3)
+        keys |= {k for k in alg.upload_spec() if not k.startswith(("params.", "buffers."))}
+    keys -= {"num_samples"}
+    assert {"protos", "counts", "influence", "local_protos"} <= keys  # the check has teeth
+    return keys
+
+
+def test_engine_and_metrics_name_no_algorithm_upload_key():
+    keys = algorithm_upload_keys()
+    for name, path in modules().items():
+        if name.startswith(("protofl.engine", "protofl.metrics")):
+            strings = {n.value for n in ast.walk(ast.parse(path.read_text()))
+                       if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+            assert not strings & keys, f"{name} names {strings & keys}"
+
+
+def option_classes() -> list[type]:
+    """Config's sections and every algorithm's Options."""
+    sections = [h for _, h, _, _ in declared(Config) if dataclasses.is_dataclass(h)]
+    return [Config, *sections, *(algorithm_class(n).Options for n in ALGORITHMS)]
+
+
+@pytest.mark.parametrize("cls", option_classes(), ids=lambda c: c.__name__)
+def test_every_option_is_declared(cls):
+    for name, hint, default, rule in declared(cls):
+        if dataclasses.is_dataclass(hint) or (cls is Config and name == "algo"):
+            continue  # sections, and algo (each algorithm declares its own)
+        assert rule is not None, f"{cls.__name__}.{name} has no option() declaration"
+        assert rule.help.strip(), f"{cls.__name__}.{name} has no help"
+        assert rule.ok(default), f"{cls.__name__}.{name}: default {default!r} breaks its rule"
+
+
+def test_algorithm_client_defaults_are_declared_values():
+    sections = {n: h for n, h, _, _ in declared(Config)}
+    clients = sections["clients"]()
+    for name in ALGORITHMS:
+        defaults = algorithm_class(name).client_defaults
+        rules = {n: r for n, _, _, r in declared(type(clients))}
+        for key, value in defaults.items():
+            assert key in rules and rules[key].ok(value), (name, key, value)
+        resolved = resolve_defaults(clients, defaults)
+        assert all(getattr(resolved, k) == v for k, v in defaults.items())
+
+
+def test_docs_configuration_table_is_generated_from_the_declarations():
+    text = (DOCS / "configuration.md").read_text()
+    assert markdown_table() in text, "run `protofl options` and paste its output"
+    for name in ALGORITHMS:
+        assert markdown_table(algorithm_class(name).Options, "algo.") in text, name
+
+
+def test_run_help_lists_every_option(capsys):
+    from protofl.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    for key in ("rounds", "clients.lr", "metrics.amm", "data.partition", "callbacks"):
+        assert f"  {key} = " in out, key
+
+
+def test_a_new_metric_is_one_callback(tmp_path):
+    """A user's per-round metric: one Callback subclass, given from the config by import path;
+    its figure lands in metrics.jsonl."""
+    import json
+
+    from protofl.api import run_experiment
+    from protofl.config import config_from_dict
+
+    cfg = config_from_dict({"algorithm": "fedavg", "rounds": 2, "checkpoint_every": 0,
+                            "data": {"name": "digits", "num_clients": 4},
+                            "clients": {"per_round": 2, "local_steps": 1},
+                            "metrics": {"dissimilarity_clients": 0},
+                            "callbacks": ["callbacks_example:GlobalNorm"]})
+    run_experiment(cfg, tmp_path / "run")
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().split("\n")
+            if x]
+    assert [r["round"] for r in rows] == [1, 2]
+    assert all(r["weight_norm"] > 0 for r in rows)
+    resolved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert resolved["callbacks"] == ["callbacks_example:GlobalNorm"]
+
+
+def test_config_json_is_the_resolved_config(tmp_path):
+    """Every default filled in: the algorithm's options and client defaults, the model, the
+    client count and the partition; an explicitly set default resolves to the same config."""
+    import json
+
+    from protofl.api import run_experiment
+    from protofl.config import config_from_dict
+
+    base = {"algorithm": "fedmargin", "rounds": 1, "checkpoint_every": 0,
+            "data": {"name": "digits"}, "clients": {"per_round": 2, "local_steps": 1},
+            "metrics": {"dissimilarity_clients": 0}}
+    explicit = {**base, "algo": {"weights": "attention"},
+                "data": {"name": "digits", "num_clients": 10, "partition": "dirichlet"}}
+    run_experiment(config_from_dict(base), tmp_path / "a")
+    run_experiment(config_from_dict(explicit), tmp_path / "b")
+    a, b = (json.loads((tmp_path / n / "config.json").read_text()) for n in "ab")
+    assert a == b
+    assert a["model"]["name"] == "digits_cnn" and a["data"]["num_clients"] == 10
+    assert a["data"]["partition"] == "dirichlet"
+    assert a["clients"]["sampling"] == "weighted" and a["clients"]["tolerate_partial"] is True
+    assert a["algo"]["reduce"] == "sum" and len(a["algo"]) == 7
+    again = config_from_dict(a)  # a resolved config is a valid config that resolves to itself
+    assert dataclasses.asdict(again) == a
