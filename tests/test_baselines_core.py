@@ -79,3 +79,23 @@ def test_fedatt_reports_the_attention_it_used_not_fedavg_weights():
     _, diag = alg.aggregate(state, [_up(near, 90), _up(far, 10)], 1)
     assert abs(sum(diag["weights"]) - 1.0) < 1e-6  # float32 softmax
     assert diag["weights"][1] > diag["weights"][0]  # FedAvg's would be [0.9, 0.1]
+
+
+def test_step_budget_matches_a_federated_round():
+    from protofl.engine.schedule import step_budget
+
+    sizes = np.array([10, 25, 7, 40])
+    assert step_budget(sizes, 3, 2, 5, 10) == 15  # K' S
+    # E K' mean_k ceil(n_k / B) = 2 * 3 * mean(1, 3, 1, 4) = 13.5 -> 14
+    assert step_budget(sizes, 3, 2, None, 10) == 14
+
+
+def test_central_trains_one_pooled_client_with_the_federated_budget(tiny_digits):
+    exp, summary = tiny_digits("central")
+    fed, _ = tiny_digits("fedavg")
+    assert exp.train_data.num_clients == 1 and exp.data.num_clients == 4
+    assert len(exp.train_data.y_train) == len(fed.data.y_train)
+    c = exp.cfg.clients
+    assert (c.per_round, c.local_steps, c.stragglers) == (1, 2 * 2, 0.0)  # K' S = 2 * 2
+    assert summary["algorithm"] == "central" and 0.0 <= summary["accuracy"] <= 1.0
+    assert len(summary["client_accuracy"]) == 4  # scored on each federated client's split

@@ -138,6 +138,7 @@ class Algorithm:
     # the paper's settings of `clients.*` keys, used where the config leaves them null
     client_defaults: ClassVar[dict[str, Any]] = {}
     personalized: ClassVar[bool] = False  # each client keeps and is evaluated with its own model
+    centralized: ClassVar[bool] = False  # trained on the pooled data (the central baseline)
 
     def __init__(self, options: dict[str, Any], model: ProtoNet, num_classes: int):
         self.opts = build(self.Options, dict(options), "algo")

@@ -75,6 +75,16 @@ class FederatedData:
         a, b = self.test_offsets[k], self.test_offsets[k + 1]
         return self.x_local_test[a:b], self.y_local_test[a:b]
 
+    def pooled(self) -> FederatedData:
+        """The same samples as one client holding every client's training and local test
+        rows (the centralized baseline)."""
+        return FederatedData(
+            name=self.name, num_classes=self.num_classes, x_train=self.x_train,
+            y_train=self.y_train, train_offsets=np.array([0, len(self.y_train)]),
+            x_local_test=self.x_local_test, y_local_test=self.y_local_test,
+            test_offsets=np.array([0, len(self.y_local_test)]), x_test=self.x_test,
+            y_test=self.y_test, class_names=self.class_names)
+
     def summary(self) -> dict:
         """Partition statistics: sizes and classes per client (the seed's Fig. S1)."""
         sizes = self.train_sizes

@@ -14,7 +14,14 @@ from protofl.algorithms.registry import make_algorithm
 from protofl.config import Config, resolve_defaults
 from protofl.data.registry import dataset_spec, load_dataset
 from protofl.engine.callbacks import Callback, load_callback, metric_callbacks
-from protofl.engine.schedule import SAMPLE, STRAGGLE, assign_work, np_rng, sample_clients
+from protofl.engine.schedule import (
+    SAMPLE,
+    STRAGGLE,
+    assign_work,
+    np_rng,
+    sample_clients,
+    step_budget,
+)
 from protofl.engine.train import ClientResult, LocalSetup, RoundContext, Trainer
 from protofl.engine.vectorized import choose_trainer
 from protofl.errors import ProtoflError
@@ -27,7 +34,10 @@ class Experiment:
     ``cfg`` becomes the resolved config (``self.cfg``: every default filled in, the
     algorithm's options and paper defaults, the model and client count). ``trainer`` replaces
     the one ``cfg.trainer`` names; ``callbacks`` replaces the default metric callbacks (the
-    config's ``callbacks`` are added either way).
+    config's ``callbacks`` are added either way). ``data`` is the federation (the metrics
+    score its clients); ``train_data`` is what clients train on: the same, or for the
+    centralized baseline the federation pooled into one client, which then takes a federated
+    round's expected SGD steps each round.
     """
 
     def __init__(self, cfg: Config, *, trainer: Trainer | None = None,
@@ -49,6 +59,14 @@ class Experiment:
         if c.per_round > data.num_clients:
             raise ProtoflError(f"config: clients.per_round = {c.per_round} exceeds the "
                                f"{data.num_clients} clients of {data.name}")
+        self.train_data = data
+        if self.alg.centralized:
+            self.train_data = data.pooled()
+            budget = step_budget(data.train_sizes, c.per_round, c.local_epochs, c.local_steps,
+                                 c.batch_size)
+            self.cfg = cfg = dataclasses.replace(cfg, clients=dataclasses.replace(
+                c, per_round=1, local_steps=budget, stragglers=0.0))
+            c = cfg.clients
         self.state = self.alg.init_state(self.alg.model)
         self.client_states: dict[int, dict] = {}
         self.round = 0
@@ -62,15 +80,15 @@ class Experiment:
 
     def client_inputs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Client ``k``'s training inputs (as the model sees them) and labels."""
-        x, y = self.data.client_train(k)
-        return self.data.inputs(x), y
+        x, y = self.train_data.client_train(k)
+        return self.train_data.inputs(x), y
 
     def evaluating(self, round: int) -> bool:
         return round % self.cfg.eval_every == 0 or round == self.cfg.rounds
 
     # ---- one round ----
     def step(self) -> dict:
-        cfg, c, data = self.cfg, self.cfg.clients, self.data
+        cfg, c, data = self.cfg, self.cfg.clients, self.train_data
         t = self.round + 1
         start = time.perf_counter()
         active = sample_clients(data.train_sizes, c.per_round, c.sampling,

@@ -7,6 +7,7 @@ in, on the trainer, or on whether the run was resumed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +17,7 @@ from protofl.data.pipeline import Order
 from protofl.seeding import AUGMENT, ORDER, PROBE, SAMPLE, STRAGGLE, np_rng, torch_gen
 
 __all__ = ["AUGMENT", "ORDER", "PROBE", "SAMPLE", "STRAGGLE", "Job", "assign_work",
-           "local_batches", "np_rng", "sample_clients", "torch_gen"]
+           "local_batches", "np_rng", "sample_clients", "step_budget", "torch_gen"]
 
 
 def sample_clients(sizes: np.ndarray, k: int, scheme: str, rng: np.random.Generator
@@ -73,3 +74,14 @@ def local_batches(order: Order, y: torch.Tensor, units: int, batch_size: int, by
         batches.append(pending[:take])
         pending = pending[take:]
     return batches
+
+
+def step_budget(sizes: np.ndarray, per_round: int, local_epochs: int, local_steps: int | None,
+                batch_size: int) -> int:
+    """Expected SGD steps of one federated round (the centralized baseline's budget):
+    ``K' S`` when clients take ``S`` local steps, else ``E K' mean_k ceil(n_k / B)``
+    (rounded) when they take ``E`` epochs."""
+    if local_steps is not None:
+        return per_round * local_steps
+    batches = float(np.ceil(np.asarray(sizes, dtype=np.float64) / batch_size).mean())
+    return max(1, math.floor(local_epochs * per_round * batches + 0.5))
