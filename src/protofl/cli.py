@@ -73,7 +73,8 @@ def _run_folders(paths: list[str]) -> list[Path]:
 def cmd_compare(args) -> int:
     from protofl.report.compare import compare
 
-    print(compare(_run_folders(args.dirs), Path(args.out) if args.out else None))
+    print(compare(_run_folders(args.dirs), Path(args.out) if args.out else None,
+                  overwrite=args.overwrite))
     return 0
 
 
@@ -164,7 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("compare", help="table (mean ± std over seeds) and curves of runs")
     q.add_argument("dirs", nargs="+", help="run folders, or folders holding run folders")
-    q.add_argument("--out", help="write the table here (Markdown) with .json and curve PNGs")
+    q.add_argument("--out", help="write the table here (Markdown) with .json and curve PNGs "
+                   "(never inside a run folder)")
+    q.add_argument("--overwrite", action="store_true", help="replace existing output files")
     q.set_defaults(func=cmd_compare)
 
     q = sub.add_parser("suite", help="run a named grid of experiments and compare them")
