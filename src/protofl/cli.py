@@ -78,6 +78,22 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from protofl.report.html import write_html
+    from protofl.report.markdown import write_markdown
+    from protofl.report.sections import sections
+
+    secs = sections([Path(d) for d in args.dirs])
+    if args.markdown:
+        written = write_markdown(secs, Path(args.markdown),
+                                 Path(args.figures) if args.figures else None, args.overwrite)
+        print(f"markdown: {written[0]} (+ {len(written) - 1} figures)")
+    if args.out or not args.markdown:
+        out = write_html(secs, Path(args.out or "report.html"), args.overwrite, args.title)
+        print(f"report: {out} (open it in any browser; nothing is fetched)")
+    return 0
+
+
 def cmd_suite(args) -> int:
     from protofl.config import apply_set
     from protofl.suites import run_suite
@@ -169,6 +185,20 @@ def build_parser() -> argparse.ArgumentParser:
                    "(never inside a run folder)")
     q.add_argument("--overwrite", action="store_true", help="replace existing output files")
     q.set_defaults(func=cmd_compare)
+
+    q = sub.add_parser("report", help="one self-contained HTML page (tables, curves, "
+                       "weights, AMM/FFD, configs) from runs; or Markdown with --markdown")
+    q.add_argument("dirs", nargs="+", help="run folders, or folders holding run folders (one "
+                   "section each)")
+    q.add_argument("--out", help="HTML file (default: report.html; never inside a run folder)")
+    q.add_argument("--markdown", metavar="FILE", help="also (or, without --out, only) write "
+                   "Markdown tables and PNG curves; an existing FILE keeps its text outside "
+                   "the generated sections")
+    q.add_argument("--figures", metavar="DIR", help="folder for the Markdown's PNGs "
+                   "(default: img/ beside FILE)")
+    q.add_argument("--title", default="protofl report", help="the page's title")
+    q.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    q.set_defaults(func=cmd_report)
 
     q = sub.add_parser("suite", help="run a named grid of experiments and compare them")
     q.add_argument("name", help="suite name (see 'protofl suites')")
