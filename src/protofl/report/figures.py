@@ -80,7 +80,7 @@ def curve_svg(series: dict[int, tuple[str, tuple[list, list, list]]], title: str
     with svg.style():
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(4.6, 3.0))
+        fig, ax = plt.subplots(figsize=(4.6, 3.0), layout="constrained")
         for i, (name, (x, m, s)) in series.items():
             xa, ma, sa = np.asarray(x), np.asarray(m), np.asarray(s)
             (line,) = ax.plot(xa, ma, color=color(i), lw=1.5, label=name)
@@ -96,14 +96,14 @@ def curve_svg(series: dict[int, tuple[str, tuple[list, list, list]]], title: str
         ax.set_title(title)
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.canvas.draw()
+        text = svg.to_svg(fig, prefix, close=False)
         meta = {"box": svg.axes_box(fig, ax), "xlim": [float(v) for v in ax.get_xlim()],
                 "title": title,
                 "series": [{"i": i, "name": name, "x": x, "y": [round(v, 6) for v in m],
                             "s": [round(v, 6) for v in s]} for i, (name, (x, m, s))
                            in series.items()]}
-        return svg.to_svg(fig, prefix), meta
+        plt.close(fig)
+        return text, meta
 
 
 def weights_svg(groups: dict[str, list[list[dict]]], title: str, prefix: str) -> str | None:

@@ -189,7 +189,7 @@ def configs(t: Table) -> str:
                      f"(accuracy {s['accuracy']:.4f})" if isinstance(s.get("accuracy"), float)
                      else f"{row.label}, seed {s.get('seed')}: {r['folder']}")
             out.append(f"<details><summary>{escape(title)}</summary><pre>"
-                       f"{escape(json.dumps(r['config'], indent=2))}</pre></details>")
+                       f"{escape(json.dumps(r['config'], indent=2), quote=False)}</pre></details>")
     return "".join(out)
 
 

@@ -35,13 +35,15 @@ def axes_box(fig, ax) -> list[float]:
             round((h - b.y0) * scale, 2)]
 
 
-def to_svg(fig, prefix: str) -> str:
+def to_svg(fig, prefix: str, close: bool = True) -> str:
     """The figure as an ``<svg>`` element (no XML header) with every id prefixed by
-    ``prefix``; the figure is closed."""
+    ``prefix``; the figure is closed unless ``close`` is false (then its layout is final and
+    ``axes_box`` can be read)."""
     buf = io.StringIO()
     with plt.rc_context(RC):
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
-    plt.close(fig)
+    if close:
+        plt.close(fig)
     text = buf.getvalue()
     text = text[text.index("<svg"):]
     text = _ID.sub(lambda m: f'id="{prefix}-{m.group(1)}"', text)
