@@ -48,7 +48,9 @@ def plan_figures(secs: list[Section], fig_dir: Path) -> dict[Path, tuple]:
     return out
 
 
-def section_markdown(s: Section, figs: dict[Path, tuple], md: Path) -> str:
+def section_markdown(s: Section, figs: dict[Path, tuple], md: Path, legend: bool = False
+                     ) -> str:
+    """A section's generated block (with the column legend when ``legend``)."""
     lines = [begin(s.name), ""]
     for t in s.tables:
         d = table_data(t)
@@ -58,6 +60,8 @@ def section_markdown(s: Section, figs: dict[Path, tuple], md: Path) -> str:
                 rel = Path(os.path.relpath(path, md.parent)).as_posix()
                 what = "aggregation weights" if path.stem.endswith("_weights") else "curves"
                 lines += [f"![{s.name}, {t.dataset}: {what}]({rel})", ""]
+    if legend:
+        lines += [f"Columns: {LEGEND}", ""]
     return "\n".join(lines + [end(s.name)])
 
 
@@ -83,7 +87,7 @@ def write_markdown(secs: list[Section], md: Path, fig_dir: Path | None = None,
     outputs.check_targets([md, *figs], [r["folder"] for s in secs for r in s.runs], overwrite)
     outputs.writable(md)
     outputs.writable(fig_dir / "x.png")
-    blocks = {s.name: section_markdown(s, figs, md) for s in secs}
+    blocks = {s.name: section_markdown(s, figs, md, legend=k == 0) for k, s in enumerate(secs)}
     if md.exists():
         try:
             old = md.read_text()
@@ -92,7 +96,7 @@ def write_markdown(secs: list[Section], md: Path, fig_dir: Path | None = None,
     else:
         old = ("# Results\n\nMade by `protofl report RUN_DIR... --markdown FILE` from the run "
                "folders; the text between the report's markers is regenerated on every run, "
-               f"the rest is kept.\n\nColumns: {LEGEND}\n")
+               "the rest is kept.\n")
     outputs.write_text(md, merge_sections(old, blocks))
     for path, (plot, groups, title, _) in figs.items():
         plot(groups, path, title)
