@@ -33,6 +33,7 @@ def test_tensorboard_event_files(tmp_path):
     assert "weights" in tags["histograms"]
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy 2.1 inside MLflow
 def test_mlflow_local_store(tmp_path):
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
