@@ -73,7 +73,24 @@ def _run_folders(paths: list[str]) -> list[Path]:
 def cmd_compare(args) -> int:
     from protofl.report.compare import compare
 
-    print(compare(_run_folders(args.dirs), Path(args.out) if args.out else None))
+    print(compare(_run_folders(args.dirs), Path(args.out) if args.out else None,
+                  overwrite=args.overwrite))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from protofl.report.html import write_html
+    from protofl.report.markdown import write_markdown
+    from protofl.report.sections import sections
+
+    secs = sections([Path(d) for d in args.dirs])
+    if args.markdown:
+        written = write_markdown(secs, Path(args.markdown),
+                                 Path(args.figures) if args.figures else None, args.overwrite)
+        print(f"markdown: {written[0]} (+ {len(written) - 1} figures)")
+    if args.out or not args.markdown:
+        out = write_html(secs, Path(args.out or "report.html"), args.overwrite, args.title)
+        print(f"report: {out} (open it in any browser; nothing is fetched)")
     return 0
 
 
@@ -89,7 +106,8 @@ def cmd_suite(args) -> int:
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
     out = Path(args.out or f"runs/{args.name}")
     print(run_suite(args.name, out, args.jobs, seeds, overrides))
-    print(f"table: {out / 'table.md'}; curves: {out}/table_*.png")
+    print(f"table: {out / 'table.md'}; curves: {out}/table_*.png; report: "
+          f"{out / 'report.html'}")
     return 0
 
 
@@ -202,8 +220,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("compare", help="table (mean ± std over seeds) and curves of runs")
     q.add_argument("dirs", nargs="+", help="run folders, or folders holding run folders")
-    q.add_argument("--out", help="write the table here (Markdown) with .json and curve PNGs")
+    q.add_argument("--out", help="write the table here (Markdown) with .json and curve PNGs "
+                   "(never inside a run folder)")
+    q.add_argument("--overwrite", action="store_true", help="replace existing output files")
     q.set_defaults(func=cmd_compare)
+
+    q = sub.add_parser("report", help="one self-contained HTML page (tables, curves, "
+                       "weights, AMM/FFD, configs) from runs; or Markdown with --markdown")
+    q.add_argument("dirs", nargs="+", help="run folders, or folders holding run folders (one "
+                   "section each)")
+    q.add_argument("--out", help="HTML file (default: report.html; never inside a run folder)")
+    q.add_argument("--markdown", metavar="FILE", help="also (or, without --out, only) write "
+                   "Markdown tables and PNG curves; an existing FILE keeps its text outside "
+                   "the generated sections")
+    q.add_argument("--figures", metavar="DIR", help="folder for the Markdown's PNGs "
+                   "(default: img/ beside FILE)")
+    q.add_argument("--title", default="protofl report", help="the page's title")
+    q.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    q.set_defaults(func=cmd_report)
 
     q = sub.add_parser("suite", help="run a named grid of experiments and compare them")
     q.add_argument("name", help="suite name (see 'protofl suites')")

@@ -134,11 +134,14 @@ def plan(name: str, out: Path, seeds: tuple[int, ...] | None = None,
 
 def run_suite(name: str, out: Path, jobs: int | None = None, seeds: tuple[int, ...] | None = None,
               overrides: dict[str, Any] | None = None) -> str:
-    """Run a suite (in ``jobs`` processes) and write ``OUT/table.md`` and the curves."""
+    """Run a suite (in ``jobs`` processes) and write ``OUT/table.md``, the curves and
+    ``OUT/report.html``."""
     from multiprocessing import get_context
 
     from protofl.config import config_from_dict
     from protofl.report.compare import compare
+    from protofl.report.html import write_html
+    from protofl.report.sections import sections
 
     work = plan(name, out, seeds, overrides)
     for raw, _ in work:
@@ -156,4 +159,7 @@ def run_suite(name: str, out: Path, jobs: int | None = None, seeds: tuple[int, .
             with get_context("spawn").Pool(jobs) as pool:
                 for _ in pool.imap_unordered(_one, [(r, f, False) for r, f in todo]):
                     bar.update(1)
-    return compare([Path(f) for _, f in work], out / "table.md")
+    text = compare([Path(f) for _, f in work], out / "table.md", overwrite=True)
+    write_html(sections([out]), out / "report.html", overwrite=True,
+               title=f"protofl suite {name}")
+    return text

@@ -1,71 +1,42 @@
-"""``protofl compare``: final figures across run folders (mean ± std over seeds) and curves."""
+"""``protofl compare``: final figures across run folders (mean ± std over seeds), the seed's
+Table 4 (AMM and FFD per method, Pearson's ρ of final AMM and accuracy), and curves."""
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from protofl.engine import runfolder
 from protofl.errors import ProtoflError
+from protofl.metrics.mmd import ffd
 from protofl.nested import flatten
+from protofl.report import outputs
+from protofl.report.labels import COLUMNS, LEGEND, row_labels, setting_caption
 from protofl.report.plots import plot_groups, plot_weights
 
-COLUMNS = ("accuracy", "balanced_accuracy", "f1_weighted", "local_accuracy", "train_loss",
-           "dissimilarity", "amm", "seconds")
+REFERENCE = "fedavg"  # FFD(A, B) compares every method A with B = this one
 
 
 def load_runs(folders: list[Path]) -> list[dict]:
+    """Each finished run folder as ``{folder, summary, config, rows}`` (each counted once)."""
     runs = []
-    for f in folders:
-        f = Path(f)
+    for f in outputs.unique_runs(folders):
         path = f / runfolder.SUMMARY
         if not path.exists():
             raise ProtoflError(f"{f} has no {runfolder.SUMMARY}: not a finished run folder")
         try:
             summary = json.loads(path.read_text())
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             raise ProtoflError(f"{path} is not valid JSON") from None
+        if not isinstance(summary, dict) or not {"algorithm", "dataset"} <= summary.keys():
+            raise ProtoflError(f"{path} is not a protofl run summary (no algorithm/dataset)")
         cfg = runfolder.load_config_json(f)
         runs.append({"folder": f, "summary": summary, "config": cfg,
                      "rows": runfolder.read_metrics(f)})
     return runs
-
-
-IN_DATASET_LABEL = {"seed", "algorithm", "data.partition", "data.alpha",
-                    "data.classes_per_client"}
-
-
-def labels(runs: list[dict]) -> list[str]:
-    """Runs that differ only in seed share a label: the algorithm, plus every config key whose
-    value varies among the runs of that algorithm (e.g. ``algo.weights``,
-    ``clients.tolerate_partial``)."""
-    flats = [flatten(r["config"]) for r in runs]
-    names = [r["summary"]["algorithm"] for r in runs]
-    out = []
-    for name, f in zip(names, flats):
-        same = [g for n, g in zip(names, flats) if n == name]
-        keys = sorted({k for g in same for k in g} - IN_DATASET_LABEL)
-        varying = [k for k in keys if len({repr(g.get(k)) for g in same}) > 1]
-        extra = ",".join(f"{k.removeprefix('algo.')}={f[k]}" for k in varying
-                         if f.get(k) is not None)
-        out.append(name + (f"[{extra}]" if extra else ""))
-    return out
-
-
-def grouped(runs: list[dict], what: str) -> dict[str, dict[str, list]]:
-    """``dataset -> label -> [run[what] ...]``."""
-    by_ds: dict[str, list[dict]] = defaultdict(list)
-    for r in runs:
-        by_ds[dataset_label(r)].append(r)
-    out: dict[str, dict[str, list]] = {}
-    for ds, rs in by_ds.items():
-        out[ds] = defaultdict(list)
-        for r, name in zip(rs, labels(rs)):
-            out[ds][name].append(r[what])
-    return out
 
 
 def dataset_label(run: dict) -> str:
@@ -79,64 +50,210 @@ def dataset_label(run: dict) -> str:
     return f"{run['summary']['dataset']} ({scheme}{detail.get(scheme, '')})"
 
 
-def table(runs: list[dict]) -> tuple[str, dict]:
-    """A Markdown table per dataset (rows: algorithms) and the numbers behind it."""
+IN_DATASET_LABEL = {"algorithm", "data.name", "data.partition", "data.alpha",
+                    "data.classes_per_client"}
+
+
+@dataclass
+class Row:
+    """One row of a table: the runs (one per seed) of one method."""
+    label: str
+    algorithm: str
+    runs: list[dict] = field(default_factory=list)
+
+    def values(self, key: str) -> np.ndarray:
+        return np.array([r["summary"][key] for r in self.runs
+                         if isinstance(r["summary"].get(key), (int, float))], dtype=float)
+
+
+@dataclass
+class Table:
+    """The runs of one dataset and partition, with the words that describe them."""
+    dataset: str
+    caption: str
+    rows: list[Row]
+    baselines: dict[str, str]
+
+    @property
+    def runs(self) -> list[dict]:
+        return [r for row in self.rows for r in row.runs]
+
+
+def _clients(run: dict) -> int | None:
+    n = run["config"].get("data", {}).get("num_clients")
+    if n is None and run["rows"]:
+        n = len(run["rows"][-1].get("client_accuracy") or {}) or None
+    return n
+
+
+def make_tables(runs: list[dict]) -> list[Table]:
+    """Runs grouped by dataset (a table each) and, within, by label (a row each)."""
+    by_ds: dict[str, list[dict]] = {}
+    for r in runs:
+        by_ds.setdefault(dataset_label(r), []).append(r)
+    tables = []
+    for ds, rs in by_ds.items():
+        algs = [r["summary"]["algorithm"] for r in rs]
+        flats = [flatten(r["config"]) for r in rs]
+        labels, baselines = row_labels(algs, flats, IN_DATASET_LABEL)
+        rows: dict[str, Row] = {}
+        for r, label, alg in zip(rs, labels, algs):
+            rows.setdefault(label, Row(label, alg)).runs.append(r)
+        caption = setting_caption(flats, [r["summary"] for r in rs],
+                                  [_clients(r) for r in rs])
+        tables.append(Table(ds, caption, list(rows.values()), baselines))
+    return tables
+
+
+def mean_std(v: np.ndarray) -> dict | None:
+    return {"mean": float(v.mean()), "std": float(v.std())} if len(v) else None
+
+
+def fmt(s: dict | None, key: str = "") -> str:
+    if s is None:
+        return "–"
+    f = ".1f" if key == "seconds" else ".4f"
+    return f"{s['mean']:{f}} ± {s['std']:{f}}"
+
+
+def caption_text(t: Table) -> str:
+    text = t.caption + "."
+    for alg, base in t.baselines.items():
+        text += f" {alg} rows, unless the label says otherwise: {base}."
+    return text
+
+
+def table_data(t: Table) -> dict:
+    """The numbers behind a table: ``label -> {algorithm, seeds, column: {mean, std}}``."""
+    cols = [c for c in COLUMNS if any(len(row.values(c)) for row in t.rows)]
+    out = {}
+    for row in t.rows:
+        out[row.label] = {"algorithm": row.algorithm, "seeds": len(row.runs),
+                          "folders": [str(r["folder"]) for r in row.runs],
+                          **{c: mean_std(row.values(c)) for c in cols}}
+    return {"caption": caption_text(t), "columns": cols, "rows": out, "table4": table4(t)}
+
+
+def table_markdown(t: Table, data: dict) -> list[str]:
+    cols = data["columns"]
+    lines = [f"### {t.dataset}", "", f"*{caption_text(t)}*", "",
+             "| method | seeds | " + " | ".join(COLUMNS[c] for c in cols) + " |",
+             "|---|---|" + "---|" * len(cols)]
+    for label, d in data["rows"].items():
+        lines.append(f"| {label} | {d['seeds']} | "
+                     + " | ".join(fmt(d[c], c) for c in cols) + " |")
+    return lines + [""]
+
+
+def pearson(pairs: list[tuple[float, float]]) -> dict | None:
+    """Pearson's ρ and its two-sided p-value, or None with fewer than 3 pairs or no spread."""
+    from scipy.stats import pearsonr
+
+    if len(pairs) < 3:
+        return None
+    a, b = np.array(pairs, dtype=float).T
+    if a.std() == 0 or b.std() == 0:
+        return None
+    rho, p = pearsonr(a, b)
+    return {"rho": float(rho), "p": float(p), "runs": len(pairs)}
+
+
+def table4(t: Table) -> dict:
+    """The seed's Table 4 for one table: final AMM per method, FFD against fedavg from the
+    final client-averaged MMD² (``mmd``; mean over seeds), and Pearson's ρ of final AMM and
+    accuracy over the table's runs."""
+    amm = {row.label: mean_std(row.values("amm")) for row in t.rows}
+    mmd = {row.label: mean_std(row.values("mmd")) for row in t.rows}
+    ref = [row.label for row in t.rows if row.algorithm == REFERENCE]
+    ref = ref if len(ref) == 1 else []  # several fedavg rows: no single reference
+    ffds: dict[str, float | None] = {}
+    for row in t.rows:
+        if ref and mmd[row.label] and mmd[ref[0]]:
+            ffds[row.label] = ffd(mmd[row.label]["mean"], mmd[ref[0]]["mean"])
+        else:
+            ffds[row.label] = None
+    pairs = [(r["summary"]["amm"], r["summary"]["accuracy"]) for r in t.runs
+             if isinstance(r["summary"].get("amm"), (int, float))
+             and isinstance(r["summary"].get("accuracy"), (int, float))]
+    return {"amm": amm, "mmd": mmd, "ffd": ffds, "reference": ref[0] if ref else None,
+            "pearson": pearson(pairs), "pairs": len(pairs)}
+
+
+def ffd_cell(t4: dict, label: str) -> str:
+    if label == t4["reference"] and t4["mmd"].get(label):
+        return "0 (reference)"
+    v = t4["ffd"].get(label)
+    if v is None or not np.isfinite(v):
+        return "not measured" if not t4["mmd"].get(label) else "–"
+    return f"{v:+.1f}"
+
+
+def pearson_text(t4: dict) -> str:
+    p = t4["pearson"]
+    if p is None:
+        return (f"Pearson rho(final AMM, accuracy): not computable ({t4['pairs']} runs with "
+                "both; needs 3 with some spread)")
+    return (f"Pearson rho(final AMM, accuracy) = {p['rho']:.2f} (p = {p['p']:.2g}, "
+            f"{p['runs']} runs)")
+
+
+def table4_markdown(t: Table, t4: dict) -> list[str]:
+    if not any(t4["amm"].values()) and not any(t4["mmd"].values()):
+        return []
+    labels = [row.label for row in t.rows]
+    ref = t4["reference"] or REFERENCE
+    lines = [f"**Table 4, {t.dataset}**: final AMM per method (top) and FFD against "
+             f"{ref} (bottom, % = 100 (MMD_{ref} − MMD_method) / MMD_{ref}, MMD² to a "
+             "centrally trained model's features, averaged over clients and seeds)", "",
+             "| | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels),
+             "| AMM | " + " | ".join(fmt(t4["amm"][label]) for label in labels) + " |",
+             "| FFD vs " + ref + " (%) | " + " | ".join(ffd_cell(t4, label) for label in labels)
+             + " |", "", pearson_text(t4), ""]
+    return lines
+
+
+def report_markdown(tables: list[Table]) -> tuple[str, dict]:
+    """Every table with its Table 4 as Markdown, and the numbers behind them."""
     lines, data = [], {}
-    for ds, algs in grouped(runs, "summary").items():
-        cols = [c for c in COLUMNS if any(s.get(c) is not None for v in algs.values() for s in v)]
-        lines += [f"### {ds}", "", "| algorithm | seeds | " + " | ".join(cols) + " |",
-                  "|---|---|" + "---|" * len(cols)]
-        data[ds] = {}
-        for alg, sums in algs.items():
-            cells, stats = [], {}
-            for c in cols:
-                vals = np.array([s[c] for s in sums if s.get(c) is not None], dtype=float)
-                if len(vals):
-                    stats[c] = {"mean": float(vals.mean()), "std": float(vals.std())}
-                    fmt = ".1f" if c == "seconds" else ".4f"
-                    cells.append(f"{vals.mean():{fmt}} ± {vals.std():{fmt}}")
-                else:
-                    cells.append("–")
-            data[ds][alg] = {"seeds": len(sums), **stats}
-            lines.append(f"| {alg} | {len(sums)} | " + " | ".join(cells) + " |")
-        lines.append("")
+    for t in tables:
+        d = data[t.dataset] = table_data(t)
+        lines += table_markdown(t, d) + table4_markdown(t, d["table4"])
+    lines += [f"Columns: {LEGEND}", ""]
     return "\n".join(lines), data
 
 
-def amm_correlation(runs: list[dict]) -> str:
-    """Pearson's rho between final AMM and accuracy across runs, per dataset (the seed's
-    Table 4 claim), when at least three runs have both."""
-    from scipy.stats import pearsonr
-
-    by_ds: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for r in runs:
-        s = r["summary"]
-        if s.get("amm") is not None and s.get("accuracy") is not None:
-            by_ds[dataset_label(r)].append((s["amm"], s["accuracy"]))
-    lines = []
-    for ds, pairs in by_ds.items():
-        a, b = np.array(pairs).T
-        if len(pairs) >= 3 and a.std() > 0 and b.std() > 0:
-            rho, p = pearsonr(a, b)
-            lines.append(f"{ds}: Pearson rho(final AMM, accuracy) = {rho:.2f} "
-                         f"(p = {p:.2g}, {len(pairs)} runs)")
-    return "\n".join(lines) + ("\n" if lines else "")
+def _safe(ds: str) -> str:
+    return "".join(ch if ch.isascii() and ch.isalnum() else "_" for ch in ds).strip("_")
 
 
-def compare(folders: list[Path], out: Path | None = None) -> str:
-    """Write ``out`` (Markdown table), ``out``.json and one curves PNG per dataset."""
+def compare(folders: list[Path], out: Path | None = None, *, overwrite: bool = False) -> str:
+    """The tables as Markdown; with ``out``, also write it there, the numbers to ``out``.json
+    and one curves PNG (and a weights PNG, when logged) per dataset next to it. Nothing is
+    written inside a run folder, nor over an existing file unless ``overwrite``."""
     runs = load_runs(folders)
     if not runs:
         raise ProtoflError("compare needs at least one run folder")
-    text, data = table(runs)
-    text += amm_correlation(runs)
-    if out is not None:
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
-        runfolder.write_json(out.with_suffix(".json"), data)
-        for ds, groups in grouped(runs, "rows").items():
-            safe = "".join(ch if ch.isascii() and ch.isalnum() else "_" for ch in ds).strip("_")
-            plot_groups(groups, out.with_name(f"{out.stem}_{safe}.png"), ds)
-            plot_weights(groups, out.with_name(f"{out.stem}_{safe}_weights.png"), ds)
+    tables = make_tables(runs)
+    text, data = report_markdown(tables)
+    if out is None:
+        return text
+    out = Path(out)
+    if out.suffix == ".json":
+        raise ProtoflError(f"--out {out}: name the Markdown table (e.g. table.md); the numbers "
+                           "go to the .json beside it")
+    pngs = {}
+    for t in tables:
+        groups = {row.label: [r["rows"] for r in row.runs] for row in t.rows}
+        pngs[out.with_name(f"{out.stem}_{_safe(t.dataset)}.png")] = (plot_groups, groups, t)
+        if any(r.get("weights") and r.get("fedavg_weights")
+               for rows in groups.values() for run in rows for r in run):
+            pngs[out.with_name(f"{out.stem}_{_safe(t.dataset)}_weights.png")] = (
+                plot_weights, groups, t)
+    outputs.check_targets([out, out.with_suffix(".json"), *pngs],
+                          [r["folder"] for r in runs], overwrite)
+    outputs.writable(out)
+    outputs.write_text(out, text + "\n")
+    outputs.write_json(out.with_suffix(".json"), data)
+    for path, (plot, groups, t) in pngs.items():
+        plot(groups, path, t.dataset)
     return text

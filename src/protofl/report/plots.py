@@ -50,19 +50,8 @@ def plot_run(folder: Path) -> None:
                            f"{summary.get('algorithm')} on {summary.get('dataset')}")
 
 
-class PlotRun(Callback):
-    """Draws a run folder's ``curves.png`` and ``confusion.png`` when the run ends."""
-
-    def __init__(self, out: Path):
-        self.out = Path(out)
-
-    def on_run_end(self, exp, summary) -> None:
-        plot_run(self.out)
-
-
-def plot_confusion(m: np.ndarray, path: Path, title: str = "",
-                   names: list[str] | None = None) -> None:
-    """Row-normalised confusion matrix with counts in the cells."""
+def confusion_figure(m: np.ndarray, title: str = "", names: list[str] | None = None):
+    """Row-normalised confusion matrix with the counts in the cells."""
     rows = m.sum(1, keepdims=True)
     norm = np.divide(m, rows, out=np.zeros(m.shape, dtype=float), where=rows > 0)
     size = max(4.0, 0.45 * len(m) + 2)
@@ -80,6 +69,22 @@ def plot_confusion(m: np.ndarray, path: Path, title: str = "",
     ax.set_ylabel("true")
     ax.set_title(title)
     fig.tight_layout()
+    return fig
+
+
+class PlotRun(Callback):
+    """Draws a run folder's ``curves.png`` and ``confusion.png`` when the run ends."""
+
+    def __init__(self, out: Path):
+        self.out = Path(out)
+
+    def on_run_end(self, exp, summary) -> None:
+        plot_run(self.out)
+
+
+def plot_confusion(m: np.ndarray, path: Path, title: str = "",
+                   names: list[str] | None = None) -> None:
+    fig = confusion_figure(m, title, names)
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
@@ -115,9 +120,9 @@ def plot_groups(groups: dict[str, list[list[dict]]], path: Path, title: str = ""
     plt.close(fig)
 
 
-def plot_weights(groups: dict[str, list[list[dict]]], path: Path, title: str = "") -> None:
+def weights_figure(groups: dict[str, list[list[dict]]], title: str = ""):
     """The seed's Fig. S2: the distribution of aggregation weights a[k] (scaled by K', so 1 is
-    uniform) against FedAvg's n_k / sum n, for runs that log both. Nothing when none does."""
+    uniform) against FedAvg's n_k / sum n, for runs that log both; None when none does."""
     hists = {}
     for name, runs in groups.items():
         a, f = [], []
@@ -130,7 +135,7 @@ def plot_weights(groups: dict[str, list[list[dict]]], path: Path, title: str = "
         if a:
             hists[name] = (np.asarray(a), np.asarray(f))
     if not hists:
-        return
+        return None
     fig, axes = plt.subplots(1, len(hists), figsize=(4.5 * len(hists), 3.4), squeeze=False)
     for ax, (name, (a, f)) in zip(axes[0], hists.items()):
         bins = np.linspace(0, max(a.max(), f.max()) * 1.05, 40)
@@ -143,5 +148,12 @@ def plot_weights(groups: dict[str, list[list[dict]]], path: Path, title: str = "
     if title:
         fig.suptitle(f"{title}: aggregation weights")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
+
+
+def plot_weights(groups: dict[str, list[list[dict]]], path: Path, title: str = "") -> None:
+    """``weights_figure`` as a PNG at ``path``; nothing when no run logs weights."""
+    fig = weights_figure(groups, title)
+    if fig is not None:
+        fig.savefig(path, dpi=100)
+        plt.close(fig)

@@ -1,0 +1,153 @@
+"""Words for tables: readable row labels from the config keys that vary, column names, and
+the one-line description of a table's setting."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+# (flattened config key, value) -> words; anything else falls back to ``key=value``
+WORDS: dict[tuple[str, Any], str] = {
+    ("algo.weights", "fedavg"): "FedAvg weights",
+    ("algo.weights", "fair"): "equal weights (fairness)",
+    ("algo.weights", "attention"): "margin attention weights",
+    ("clients.sampling", "weighted"): "weighted sampling",
+    ("clients.sampling", "uniform"): "uniform (i.i.d.) sampling",
+    ("clients.tolerate_partial", True): "partial work tolerated",
+    ("clients.tolerate_partial", False): "stragglers dropped",
+    ("algo.score", "dplus"): "d⁺ only",
+    ("algo.score", "margin"): "full margin score",
+    ("algo.clues", "lpm"): "LPM only",
+    ("algo.clues", "apm"): "APM only",
+    ("algo.clues", "both"): "LPM and APM",
+    ("algo.reduce", "mean"): "mean over classes",
+    ("algo.reduce", "sum"): "sum over classes",
+    ("algo.combine", "product"): "LPM × APM",
+    ("algo.combine", "sum"): "LPM + APM",
+    ("algo.normalize", "channel"): "per-channel normalisation",
+    ("algo.normalize", "class"): "per-class normalisation",
+    ("algo.distance", "cosine"): "cosine distance",
+    ("algo.distance", "euclidean"): "Euclidean distance",
+    ("algo.flips", False): "no flips",
+    ("algo.flips", True): "flips",
+}
+KEY_WORDS = {"clients.lr": "lr", "clients.per_round": "per round", "clients.stragglers":
+             "stragglers", "data.num_clients": "clients", "clients.local_steps": "local steps",
+             "clients.local_epochs": "local epochs", "clients.batch_size": "batch",
+             "clients.optimizer": "optimizer"}
+
+# columns of the comparison table: summary key -> header
+COLUMNS = {"accuracy": "accuracy", "balanced_accuracy": "balanced accuracy",
+           "f1_weighted": "weighted F1", "local_accuracy": "local accuracy",
+           "train_loss": "training loss", "dissimilarity": "gradient dissimilarity",
+           "amm": "AMM", "seconds": "wall-clock s"}
+LEGEND = ("accuracy, balanced accuracy, weighted F1: the final aggregate model on the global "
+          "test set (personalised methods: each client's own model on its own test split, "
+          "pooled); local accuracy: the mean over clients of the accuracy on their own test "
+          "split; training loss: cross-entropy of the aggregate model on the training data; "
+          "gradient dissimilarity: (1/|K|) Σ_k ‖∇L_k − ∇L‖² at the aggregate weights; AMM: "
+          "aggregate mean margin of the clients' prototypes against the aggregate ones; "
+          "wall-clock s: seconds the whole run spent in its rounds (local training, aggregation "
+          "and the per-round evaluation), without loading data or building the model.")
+
+# keys that never explain a difference in results
+IGNORED = {"seed", "checkpoint_every", "data.root", "metrics.eval_batch"}
+# keys that define the setting of a table (named in its caption; in row labels when they vary)
+SETTING = ("data.num_clients", "clients.per_round", "rounds", "clients.local_steps",
+           "clients.local_epochs", "clients.batch_size", "clients.optimizer", "clients.lr",
+           "clients.stragglers")
+
+
+def words(key: str, value: Any) -> str:
+    """Words for one option value: the table's words, else ``key=value``."""
+    try:
+        hit = WORDS.get((key, value))
+    except TypeError:  # an unhashable value
+        hit = None
+    if hit:
+        return hit
+    name = KEY_WORDS.get(key, key.removeprefix("algo."))
+    return f"{name}={value}"
+
+
+def _key(v: Any) -> str:
+    return repr(v)
+
+
+def row_labels(algorithms: list[str], flats: list[dict], skip: set[str] = frozenset()
+               ) -> tuple[list[str], dict[str, str]]:
+    """Readable labels for runs shown in one table (``flats``: their flattened configs,
+    ``{"clients.lr": 0.01, ...}``), and the baseline of each algorithm.
+
+    A setting key (``SETTING``) that varies across the table is named in every label. Any
+    other key counts when it varies among the runs of the same algorithm (an algorithm's own
+    defaults never label it); its most common value there (the first seen on a tie) is the
+    algorithm's baseline, said once in the caption, and a label names only where a run
+    departs from it. Runs that differ only in seed get the same label."""
+    drop = IGNORED | set(skip)
+    keys = sorted({k for f in flats for k in f} - drop)
+    table_varying = {k for k in keys if k in SETTING
+                     and len({_key(f.get(k)) for f in flats}) > 1}
+    baselines: dict[str, str] = {}
+    by_alg: dict[str, list[int]] = {}
+    for i, a in enumerate(algorithms):
+        by_alg.setdefault(a, []).append(i)
+    label_of: dict[int, str] = {}
+    for alg, idx in by_alg.items():
+        varying = [k for k in keys if k not in table_varying
+                   and len({_key(flats[i].get(k)) for i in idx}) > 1]
+        base = {}
+        for k in varying:
+            seen = [flats[i].get(k) for i in idx]
+            counts = Counter(_key(v) for v in seen)
+            top = max(counts.values())
+            base[k] = next(v for v in seen if counts[_key(v)] == top)
+        said = [words(k, v) for k, v in base.items() if v is not None]
+        if said:
+            baselines[alg] = ", ".join(said)
+        for i in idx:
+            f = flats[i]
+            parts = [words(k, f.get(k)) for k in sorted(table_varying) if f.get(k) is not None]
+            parts += [words(k, f.get(k)) for k in varying
+                      if _key(f.get(k)) != _key(base[k]) and f.get(k) is not None]
+            label_of[i] = ", ".join([alg, *parts])
+    return [label_of[i] for i in range(len(algorithms))], baselines
+
+
+def _one(values: list[Any], fmt=str) -> str:
+    """One value, or every distinct value with ``/`` when they differ."""
+    distinct = list(dict.fromkeys(_key(v) for v in values))
+    if len(distinct) == 1:
+        return fmt(values[0])
+    seen: dict[str, Any] = {}
+    for v in values:
+        seen.setdefault(_key(v), v)
+    return "/".join(fmt(v) for v in seen.values()) + " (differs between rows)"
+
+
+def setting_caption(flats: list[dict], summaries: list[dict], clients: list[int | None]
+                    ) -> str:
+    """``30 clients, 10 per round, 60 rounds of 20 local steps (batch 10, sgd lr 0.01, 50%
+    stragglers); seeds 0, 1, 2``: the setting of a table's runs."""
+    f = flats
+
+    def get(key):
+        return [x.get(key) for x in f]
+
+    def work(x: dict) -> str:
+        if x.get("clients.local_steps"):
+            return f"{x['clients.local_steps']} local steps"
+        return f"{x.get('clients.local_epochs', 1)} local epoch(s)"
+
+    n = _one([c if c is not None else "?" for c in clients])
+    parts = [f"{n} clients, {_one(get('clients.per_round'))} per round",
+             f"{_one([s.get('rounds') for s in summaries])} rounds of {_one([work(x) for x in f])}"
+             f" (batch {_one(get('clients.batch_size'))}, {_one(get('clients.optimizer'))} "
+             f"lr {_one(get('clients.lr'))}"]
+    strag = get("clients.stragglers")
+    if any(strag):
+        parts[-1] += f", {_one(strag, lambda v: f'{100 * (v or 0):g}%')} stragglers"
+    parts[-1] += ")"
+    seeds = sorted({s.get("seed") for s in summaries if s.get("seed") is not None})
+    return (", ".join(parts) + f"; seeds {', '.join(map(str, seeds))}; "
+            "the final round, mean ± std over seeds")
