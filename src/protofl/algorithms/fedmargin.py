@@ -5,6 +5,11 @@ prototypes under the received global weights before training (P~_k) and its clas
 The server scores every client by how its prototype margins moved, locally
 (LPM = SPM(P_k, P~_k)) and against the previous aggregate prototypes (APM = SPM(P_k, P^{t-1})),
 and averages the weights with a[k] = sigma(sum LPM) + sigma(sum APM), normalised.
+
+APM's reference set (``apm_reference``): ``reported`` (default) compares with the classes of
+P^{t-1} that some client has reported so far (the server state's ``reported`` mask), so a class
+no client has held yet (still the zero vector of P^0) is neither a d+ counterpart nor a
+d- candidate; ``all`` takes every class of P^{t-1}, zero vectors included (protofl 0.1.0).
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ class MarginOptions:
     normalize: str = option("class", "min-max over each class vector's channels, or per "
                                      "channel across classes", choices=("class", "channel"))
     distance: str = option("euclidean", "prototype distance", choices=("euclidean", "cosine"))
+    apm_reference: str = option("reported", "APM compares with the aggregate prototypes of the "
+                                            "classes some client has reported, or with all "
+                                            "(zero vectors of unseen classes included)",
+                                choices=("reported", "all"))
 
 
 class MarginUpload(WeightsUpload):
@@ -52,6 +61,7 @@ class MarginUpload(WeightsUpload):
 
 class MarginState(Weights):
     protos: torch.Tensor  # the aggregate prototypes P^t (C, d); P^0 = 0
+    reported: torch.Tensor  # (C,) 1 for the classes some client has reported so far
 
 
 def class_scores(p: torch.Tensor, q: torch.Tensor, present_p: torch.Tensor,
@@ -72,6 +82,14 @@ def reduce_classes(scores: torch.Tensor, how: str) -> torch.Tensor:
     return total / ok.sum().clamp_min(1) if how == "mean" else total
 
 
+def reported(state: Tensors) -> torch.Tensor:
+    """The classes some client has reported (bool ``(C,)``); a state saved before the mask
+    existed (protofl 0.1.0) stands for it with its non-zero prototype rows."""
+    if "reported" in state:
+        return state["reported"] > 0
+    return (state["protos"] != 0).any(dim=1)
+
+
 def attention(lpm: torch.Tensor, apm: torch.Tensor, opts: MarginOptions) -> torch.Tensor:
     """``a~[k]`` from reduced margins ``lpm``, ``apm`` (both ``(K',)``), normalised to sum 1."""
     s_l, s_a = torch.sigmoid(lpm), torch.sigmoid(apm)
@@ -90,10 +108,19 @@ class FedMargin(Algorithm):
                    "prototype-margin attention, weighted sampling, partial work tolerated")
     Options = MarginOptions
     client_defaults = {"tolerate_partial": True, "sampling": "weighted"}
+    client_defaults_source = ("the first seed: weighted client sampling, partial work "
+                              "tolerated (its optimiser settings are per dataset: configs/)")
 
     def init_state(self, model) -> MarginState:
-        return {**super().init_state(model), "protos": torch.zeros(self.num_classes,
-                                                                    model.feature_dim)}
+        return {**super().init_state(model),
+                "protos": torch.zeros(self.num_classes, model.feature_dim),
+                "reported": torch.zeros(self.num_classes)}
+
+    def reference_classes(self, state: Tensors) -> torch.Tensor:
+        """The classes of P^{t-1} APM compares with (a bool mask ``(C,)``)."""
+        if self.opts.apm_reference == "all":
+            return torch.ones(self.num_classes, dtype=torch.bool)
+        return reported(state)
 
     def client_begin(self, model, broadcast, client_state, x, y):
         before, _ = class_prototypes(model, broadcast["params"], broadcast["buffers"], x, y,
@@ -108,11 +135,13 @@ class FedMargin(Algorithm):
         up["protos_before"] = ctx["protos_before"]
         return up, client_state
 
-    def margins(self, uploads: list[Tensors], server_protos: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reduced LPM and APM of every upload, ``(K',)`` each."""
+    def margins(self, uploads: list[Tensors], server_protos: torch.Tensor,
+                reference: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reduced LPM and APM of every upload, ``(K',)`` each; APM against the classes
+        ``reference`` (a bool mask; default every class) of ``server_protos``."""
         opts = self.opts
-        everything = torch.ones(self.num_classes, dtype=torch.bool)
+        if reference is None:
+            reference = torch.ones(self.num_classes, dtype=torch.bool)
         lpm, apm = [], []
         for u in uploads:
             present = u["counts"] > 0
@@ -120,11 +149,11 @@ class FedMargin(Algorithm):
             lpm.append(reduce_classes(class_scores(
                 p, u["protos_before"].to(torch.float64), present, present, opts), opts.reduce))
             apm.append(reduce_classes(class_scores(
-                p, server_protos.to(torch.float64), present, everything, opts), opts.reduce))
+                p, server_protos.to(torch.float64), present, reference, opts), opts.reduce))
         return torch.stack(lpm), torch.stack(apm)
 
     def aggregation_weights(self, uploads, state):
-        lpm, apm = self.margins(uploads, state["protos"])
+        lpm, apm = self.margins(uploads, state["protos"], self.reference_classes(state))
         fedavg = sample_weights(uploads)
         if self.opts.weights == "fedavg":
             a = fedavg
@@ -136,9 +165,10 @@ class FedMargin(Algorithm):
 
     def aggregate(self, state, uploads, round):
         new, diag = super().aggregate(state, uploads, round)
+        counts = torch.stack([u["counts"] for u in uploads])
         new["protos"] = prototype_math.aggregate_prototypes(
-            torch.stack([u["protos"] for u in uploads]),
-            torch.stack([u["counts"] for u in uploads]), state["protos"])
+            torch.stack([u["protos"] for u in uploads]), counts, state["protos"])
+        new["reported"] = (reported(state) | (counts > 0).any(dim=0)).to(new["protos"].dtype)
         return new, diag
 
     def upload_spec(self):

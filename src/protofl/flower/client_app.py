@@ -78,8 +78,9 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    """Personalised methods: predictions of this client's own model (the global weights if it
-    has none) on its local test split; only labels and predictions leave the node."""
+    """Personalised methods: predictions of this client's own model (before its first round,
+    the weights it would start from) on its local test split; only labels and predictions
+    leave the node."""
     job = msg.content.config_records["job"]
     pid, _ = partition_of(context)
     b = build(str(job["config"]), str(context.node_config.get(DATA_ROOT, "")))
@@ -89,6 +90,6 @@ def evaluate(msg: Message, context: Context) -> Message:
     got = client_predictions(b.alg, b.alg.model, server_state, b.data, {pid: own},
                              b.cfg.metrics.eval_batch, clients=[pid])
     y = b.data.client_test(pid)[1]
-    # no model yet (or no test samples): predictions of -1, left out by the server
+    # no weights (or no test samples): predictions of -1, left out by the server
     out = {"y": y, "pred": got[pid][1] if pid in got else torch.full_like(y, -1)}
     return Message(tree_to_records(out, "eval", RecordDict()), reply_to=msg)

@@ -219,8 +219,7 @@ class RemoteTestMetrics(TestMetrics):
         if not exp.alg.personalized:
             return super().on_evaluate(exp, record)
         got = self.trainer.predictions(exp.state, exp.round)
-        if got:
-            record.update(client_figures(got, exp.data.num_classes, pooled=True))
+        record.update(client_figures(got, exp.data.num_classes, pooled=True))
 
 
 def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout: float = 600.0,
