@@ -64,6 +64,8 @@ def test_client_figures_by_hand():
     preds = {0: (torch.tensor([0, 1, 1, 1]), torch.tensor([0, 1, 0, 0])),  # 2/4 right
              3: (torch.tensor([2, 2]), torch.tensor([2, 2]))}  # 2/2 right
     out = client_figures(preds, 3, pooled=False)
-    assert out == {"local_accuracy": 0.75, "client_accuracy": {"0": 0.5, "3": 1.0}}
+    assert out == {"local_accuracy": 0.75, "client_accuracy": {"0": 0.5, "3": 1.0},
+                   "clients_evaluated": 2}
+    assert client_figures({}, 3, pooled=True) == {"clients_evaluated": 0}
     pooled = client_figures(preds, 3, pooled=True)
     assert pooled["accuracy"] == pytest.approx(4 / 6) and pooled["local_accuracy"] == 0.75
