@@ -182,6 +182,10 @@ class Config:
     trainer: str = option("auto", "vectorized (vmap over clients), sequential, or auto "
                                   "(vectorized when the model and loss allow)",
                           choices=("auto", "sequential", "vectorized"))
+    threads: int | None = option(None, "torch threads of the run (null: 1 for models under a "
+                                       "million parameters, else half the usable cores); "
+                                       "results are bit-identical only at a fixed count",
+                                 ge=1)
     callbacks: list[str] = option([], "extra round callbacks, as `module:Class` import paths")
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -5,6 +5,7 @@ a trainer, asks the algorithm to aggregate, and calls the round callbacks
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import numpy as np
@@ -28,6 +29,24 @@ from protofl.errors import ProtoflError
 from protofl.models.registry import build_model
 
 
+SMALL_MODEL = 1_000_000  # parameters: below this, one thread is fastest (no sync overhead)
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def auto_threads(model: torch.nn.Module) -> int:
+    """Torch threads for a run: 1 for small models, whose operations are too short to share
+    (more threads only spin, badly so when anything else runs); half the usable cores else."""
+    if sum(p.numel() for p in model.parameters()) < SMALL_MODEL:
+        return 1
+    return max(1, usable_cores() // 2)
+
+
 class Experiment:
     """One federated run, step by step; ``run()`` goes to the end.
 
@@ -48,8 +67,10 @@ class Experiment:
         torch.manual_seed(cfg.seed)
         model = build_model(model_name, data.input_shape, data.num_classes, cfg.model)
         self.alg = make_algorithm(cfg.algorithm, cfg.algo, model, data.num_classes)
+        threads = cfg.threads or auto_threads(self.alg.model)
+        torch.set_num_threads(threads)
         self.cfg = cfg = dataclasses.replace(
-            cfg, algorithm=self.alg.name, algo=self.alg.options(),
+            cfg, algorithm=self.alg.name, algo=self.alg.options(), threads=threads,
             data=dataclasses.replace(cfg.data, num_clients=data.num_clients,
                                      partition=cfg.data.partition or dataset_spec(
                                          cfg.data.name).partition),
