@@ -31,6 +31,7 @@ from flwr.serverapp import Grid, ServerApp  # noqa: E402
 from protofl.algorithms.base import flatten  # noqa: E402
 from protofl.algorithms.registry import ALGORITHMS  # noqa: E402
 from protofl.config import Config, config_from_dict  # noqa: E402
+from protofl.engine import runfolder  # noqa: E402
 from protofl.engine.experiment import Experiment  # noqa: E402
 from protofl.errors import ProtoflError  # noqa: E402
 from protofl.flower import client_app as protofl_client  # noqa: E402
@@ -328,7 +329,7 @@ def test_flower_deployment_fedmargin_two_rounds(deployment):
         (out / "summary.json").read_text()), 420, "the run to finish", every=2)
     assert summary["rounds"] == 2 and summary["trainer"] == "flower"
     assert [r["clients"] for r in rows_of(out)] == [[0, 1], [0, 1]]
-    state = torch.load(out / "checkpoint.pt", weights_only=False)["state"]
+    state = runfolder.load_checkpoint(out)["state"]
     assert_same_weights(state, engine_state(cfg))
 
 
@@ -344,6 +345,6 @@ def test_flower_deployment_survives_a_killed_supernode(deployment):
     rows = rows_of(out)
     assert 0 in rows[0]["clients"]  # (client 1 too, unless its first reply came too late)
     assert rows[1]["clients"] == [0] and rows[1]["rejected"] == [1]
-    for v in torch.load(out / "checkpoint.pt", weights_only=False)["state"]["params"].values():
+    for v in runfolder.load_checkpoint(out)["state"]["params"].values():
         assert torch.isfinite(v).all()
     assert "client 1" in (out / LOG_FILE).read_text()
