@@ -54,8 +54,8 @@ def read_split(base: Path, split: str) -> list[str]:
     path = base / "ImageSets" / "Segmentation" / f"{split}.txt"
     try:
         return [s.strip() for s in path.read_text().splitlines() if s.strip()]
-    except OSError:
-        raise ProtoflError(f"Pascal VOC split list {path} cannot be read") from None
+    except (OSError, UnicodeDecodeError):
+        raise ProtoflError(f"Pascal VOC split list {path} cannot be read as text") from None
 
 
 def mask_classes(path: Path) -> set[int]:
