@@ -21,6 +21,7 @@ from protofl.privacy import (
     effective_multiplier,
     l2_norm,
     noisy_sum,
+    private_average,
     prototypes_from_sums,
     weights_delta,
 )
@@ -211,3 +212,21 @@ def test_bad_privacy_settings_are_one_line(kwargs, needle):
     assert "\n" not in str(e.value)
     with pytest.raises(ProtoflError, match="on_budget"):
         Budget(Accountant(1.0, 30, 10, 1e-5), 1.0, "explode")
+
+
+def test_private_average_is_dp_fedavg():
+    glob = {"w": torch.zeros(3), "b": torch.ones(1)}
+    local = [{"w": torch.tensor([3.0, 0.0, 0.0]), "b": torch.tensor([5.0])},  # delta norm 5
+             {"w": torch.tensor([0.1, 0.0, 0.0]), "b": torch.tensor([1.0])}]  # delta norm 0.1
+    new, diag = private_average(glob, local, bound=1.0, multiplier=0.0)
+    # clipped deltas (0.6, 0, 0 | 0.8) and (0.1, 0, 0 | 0); mean over K' = 2
+    torch.testing.assert_close(new["w"], torch.tensor([0.35, 0.0, 0.0]))
+    torch.testing.assert_close(new["b"], torch.tensor([1.4]))
+    assert diag["clipped"] == 1 and diag["update_norms"] == pytest.approx([5.0, 0.1])
+    big = [{"w": torch.zeros(40_000), "b": torch.zeros(1)} for _ in range(4)]
+    for client_side in (False, True):
+        gen = torch.Generator().manual_seed(3)
+        g = {"w": torch.zeros(40_000), "b": torch.zeros(1)}
+        out, _ = private_average(g, big, 0.5, 2.0, gen, client_side=client_side)
+        # the mean carries std sigma * C / K' either way
+        assert float(out["w"].std()) == pytest.approx(2.0 * 0.5 / 4, rel=0.02)

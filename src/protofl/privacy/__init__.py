@@ -8,8 +8,9 @@ from protofl.privacy.noise import (
     distributed_multiplier,
     effective_multiplier,
     noisy_sum,
+    private_average,
 )
 
 __all__ = ["add_client_noise", "clip", "clip_prototypes", "client_noise_std",
            "distributed_multiplier", "effective_multiplier", "l2_norm", "noisy_sum",
-           "prototypes_from_sums", "weights_delta"]
+           "private_average", "prototypes_from_sums", "weights_delta"]

@@ -65,3 +65,31 @@ def effective_multiplier(multipliers: Sequence[float]) -> float:
     if not multipliers or min(multipliers) <= 0:
         return 0.0
     return sum(s ** -2 for s in multipliers) ** -0.5
+
+
+def private_average(glob: Mapping[str, Tensor], local: Sequence[Mapping[str, Tensor]],
+                    bound: float, multiplier: float, generator: torch.Generator | None = None,
+                    client_side: bool = False) -> tuple[dict[str, Tensor], dict]:
+    """DP-FedAvg's model step: W^t + (sum_k clip(W_k - W^t, bound) + noise) / K', the fixed
+    denominator K' = len(local) (public). Noise std multiplier*bound on the sum, added by the
+    server, or (``client_side``) as K' shares of std multiplier*bound/sqrt(K') added by the
+    clients before summing. Returns the new floating-point weights and diagnostics (each
+    client's update norm before clipping, and how many were clipped)."""
+    from protofl.privacy.clip import clip, weights_delta
+
+    k = len(local)
+    if k == 0:
+        raise ValueError("no client updates")
+    clipped, norms = [], []
+    for w in local:
+        c, n = clip(weights_delta(w, glob), bound)
+        norms.append(n)
+        if client_side:
+            c = add_client_noise(c, bound, multiplier, k, generator)
+        clipped.append(c)
+    if client_side:
+        total = {key: sum(c[key] for c in clipped) for key in clipped[0]}
+    else:
+        total = noisy_sum(clipped, bound, multiplier, generator)
+    new = {key: glob[key] + total[key] / k for key in total}
+    return new, {"update_norms": norms, "clipped": sum(n > bound for n in norms)}
