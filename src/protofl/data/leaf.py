@@ -91,7 +91,8 @@ def _read_file(path: Path) -> list[tuple[str, np.ndarray | list, np.ndarray]]:
                 raise ValueError("labels must be integers in 0 .. 2^31 - 1")
             ya = ya.astype(np.int64)
             if not (x and isinstance(x[0], str)):
-                x = np.asarray(x, dtype=np.float32)
+                with np.errstate(over="ignore"):  # beyond float32: inf, refused below
+                    x = np.asarray(x, dtype=np.float32)
                 if len(x) and x.ndim < 2:
                     raise ValueError("x must be a list of equal-size numeric samples")
                 if not np.all(np.isfinite(x)):
