@@ -226,7 +226,7 @@ def test_a_malicious_checkpoint_runs_no_code(tmp_path, name):
     with pytest.raises(ProtoflError, match="cannot be read"):
         rf.load_checkpoint(tmp_path)
     assert not marker.exists()
-    (tmp_path / name).write_bytes(pickle.dumps(_Evil(marker)))  # a bare pickle
+    (tmp_path / name).write_bytes(pickle.dumps(_Evil(marker), protocol=2))  # a bare pickle
     with pytest.raises(ProtoflError, match="cannot be read"):
         rf.load_checkpoint(tmp_path)
     assert not marker.exists()
