@@ -42,7 +42,13 @@ def cmd_run(args) -> int:
     from protofl.api import resume_experiment, run_experiment
 
     if args.resume:
-        summary = resume_experiment(Path(args.resume), progress=not args.quiet)
+        given = [flag for flag in ("config", "algorithm", "dataset", "seed", "set", "out",
+                                   "overwrite")
+                 if getattr(args, flag) is not None and getattr(args, flag) is not False]
+        if given:
+            raise ProtoflError(f"--resume continues a run as it was configured; only --rounds "
+                               f"(to extend it) may be given, not --{given[0]}")
+        summary = resume_experiment(Path(args.resume), args.rounds, progress=not args.quiet)
         out = Path(args.resume)
     else:
         cfg = _config(args)
@@ -275,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ProtoflError as e:
         print(f"protofl: error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
     except KeyboardInterrupt:
         print("protofl: interrupted", file=sys.stderr)
         return 130

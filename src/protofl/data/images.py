@@ -43,7 +43,7 @@ def read_image(path: str | Path, size: int | tuple[int, int] | None = None,
                 im = im.convert(mode)
     except FileNotFoundError:
         raise ProtoflError(f"image file {path} does not exist") from None
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+    except Exception as e:  # Pillow raises many types on damaged files (TypeError, ...)
         raise ProtoflError(f"image file {path} cannot be read ({type(e).__name__}: "
                            f"{str(e).splitlines()[0] if str(e) else 'corrupt'})") from None
     if size is not None:

@@ -66,27 +66,42 @@ def _read_file(path: Path) -> list[tuple[str, np.ndarray | list, np.ndarray]]:
         raise ProtoflError(f"LEAF file {path} lacks the 'users' and 'user_data' keys")
     users, data = doc["users"], doc["user_data"]
     counts = doc.get("num_samples")
+    if not isinstance(users, list) or not isinstance(data, dict) or not (
+            counts is None or isinstance(counts, list)):
+        raise ProtoflError(f"LEAF file {path}: 'users' and 'num_samples' must be lists and "
+                           "'user_data' an object")
     if counts is not None and len(counts) != len(users):
         raise ProtoflError(f"LEAF file {path}: {len(users)} users but {len(counts)} num_samples")
     rows = []
     for i, user in enumerate(users):
-        d = data.get(user)
+        d = data.get(user) if isinstance(user, (str, int)) else None
         if not isinstance(d, dict) or "x" not in d or "y" not in d:
             raise ProtoflError(f"LEAF file {path}: user {user!r} has no user_data x and y")
         x, y = d["x"], d["y"]
+        if not isinstance(x, list) or not isinstance(y, list):
+            raise ProtoflError(f"LEAF file {path}: user {user!r} has x or y that is not a list")
         if len(x) != len(y) or (counts is not None and counts[i] != len(y)):
             raise ProtoflError(f"LEAF file {path}: user {user!r} has {len(x)} x, {len(y)} y, "
                                f"num_samples {counts[i] if counts is not None else '-'}")
         try:
-            ya = np.asarray(y, dtype=np.float64)
-            if not np.all(ya == np.round(ya)):
+            ya = np.asarray(y, dtype=np.float64).reshape(-1)
+            if len(ya) != len(y) or not np.all(np.isfinite(ya)) or not np.all(ya == np.round(ya)):
                 raise ValueError("labels are not integers")
-            ya = ya.astype(np.int64).reshape(-1)
+            if len(ya) and not (ya.min() >= 0 and ya.max() < 2**31):
+                raise ValueError("labels must be integers in 0 .. 2^31 - 1")
+            ya = ya.astype(np.int64)
             if not (x and isinstance(x[0], str)):
-                x = np.asarray(x, dtype=np.float32)
+                with np.errstate(over="ignore"):  # beyond float32: inf, refused below
+                    x = np.asarray(x, dtype=np.float32)
+                if len(x) and x.ndim < 2:
+                    raise ValueError("x must be a list of equal-size numeric samples")
+                if not np.all(np.isfinite(x)):
+                    raise ValueError("x holds values that are not finite (NaN or infinity)")
+            elif not all(isinstance(v, str) for v in x):
+                raise ValueError("x mixes file names and other values")
         except (ValueError, TypeError) as e:
             raise ProtoflError(f"LEAF file {path}: user {user!r} has malformed x or y "
-                               f"({e})") from None
+                               f"({str(e).splitlines()[0]})") from None
         rows.append((str(user), x, ya))
     return rows
 
@@ -166,6 +181,30 @@ def _pick_users(users: list[str], cfg: DataConfig) -> list[str]:
     return users
 
 
+def _same_features(root, users: list[str], train: UserData, test: UserData | None) -> None:
+    """Every sample of ``users`` (train and test) has the same feature shape."""
+    first = None
+    for split, data in (("train", train), ("test", test or {})):
+        for u in users:
+            if u in data and len(data[u][1]):
+                x = data[u][0]
+                if not isinstance(x, np.ndarray):
+                    raise ProtoflError(f"LEAF data in {root}: {split} user {u!r} has non-numeric "
+                                       "x; use the dataset that matches it (e.g. celeba)")
+                shape = x.shape[1:]
+                if first is None:
+                    first = (split, u, shape)
+                elif shape != first[2]:
+                    raise ProtoflError(
+                        f"LEAF data in {root}: {split} user {u!r} has {_n(shape)} features but "
+                        f"{first[0]} user {first[1]!r} has {_n(first[2])}; every sample of "
+                        "train and test must have the same size")
+
+
+def _n(shape: tuple) -> str:
+    return str(shape[0]) if len(shape) == 1 else "x".join(map(str, shape))
+
+
 def leaf_federation(cfg: DataConfig) -> FederatedData:
     """Any LEAF folder of vector samples (e.g. the FedProx Synthetic files): a client per
     user (the first ``num_clients`` users if set); classes = 0..max label."""
@@ -175,6 +214,7 @@ def leaf_federation(cfg: DataConfig) -> FederatedData:
             raise ProtoflError(f"LEAF data in {cfg.root}: user {u!r} has non-numeric x; "
                                "use the dataset that matches it (e.g. celeba)")
     users = _pick_users([u for u, (_, y) in train.items() if len(y)], cfg)
+    _same_features(cfg.root, users, train, test)
     ys = [train[u][1] for u in users] + ([test[u][1] for u in users if u in test] if test
                                          else [])
     num_classes = int(max(int(y.max()) for y in ys if len(y))) + 1

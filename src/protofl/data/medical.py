@@ -205,11 +205,15 @@ def _npz_split(path: Path, z, split: str, cfg: DataConfig) -> tuple[np.ndarray, 
             raise ProtoflError(f"MedMNIST file {path} lacks {key!r}; has {', '.join(z.files)}")
     try:
         x, y = z[f"{split}_images"], z[f"{split}_labels"]
-    except (OSError, ValueError) as e:
-        raise ProtoflError(f"MedMNIST file {path}: {split} arrays cannot be read: {e}") from None
+    except Exception as e:  # a damaged archive raises many types (zlib.error, BadZipFile...)
+        raise ProtoflError(f"MedMNIST file {path}: {split} arrays cannot be read: "
+                           f"{type(e).__name__}") from None
     if y.ndim == 2 and y.shape[1] != 1:
         raise ProtoflError(f"MedMNIST file {path} is multi-label ({split}_labels {y.shape}); "
                            "only single-label sets are supported")
+    if y.dtype.kind not in "iu" or y.ndim not in (1, 2) or not len(y) or y.min() < 0:
+        raise ProtoflError(f"MedMNIST file {path}: {split}_labels must be a non-empty array of "
+                           f"integers >= 0 (found {y.dtype}, {len(y)} labels)")
     y = y.reshape(-1).astype(np.int64)
     if len(x) != len(y) or x.dtype != np.uint8 or x.ndim not in (3, 4):
         raise ProtoflError(f"MedMNIST file {path}: {split}_images {x.shape} {x.dtype} does not "
@@ -224,11 +228,17 @@ def medmnist_federation(cfg: DataConfig) -> FederatedData:
     path = medmnist_file(_root(cfg, "MedMNIST"))
     try:
         z = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise ProtoflError(f"MedMNIST file {path} is not a readable .npz: {e}") from None
+    except Exception as e:  # as above
+        raise ProtoflError(f"MedMNIST file {path} is not a readable .npz: "
+                           f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise ProtoflError(f"MedMNIST file {path} is a single .npy array, not an .npz archive")
     with z:
         x, y = _npz_split(path, z, "train", cfg)
         x_test, y_test = _npz_split(path, z, "test", cfg)
+    if cfg.image_size is None and x.shape[1:] != x_test.shape[1:]:
+        raise ProtoflError(f"MedMNIST file {path}: train images are {x.shape[1:]}, test images "
+                           f"{x_test.shape[1:]}; set data.image_size to resize them")
     keep = capped(len(y), cfg)
     x, y = x[keep], y[keep]
     num_classes = int(max(y.max(), y_test.max())) + 1

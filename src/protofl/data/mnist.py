@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +42,7 @@ def read_idx(path: str | Path, ndim: int | None = None) -> np.ndarray:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     except FileNotFoundError:
         raise ProtoflError(f"IDX file {path} does not exist") from None
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise ProtoflError(f"IDX file {path} cannot be read: {e}") from None
     if len(raw) < 4:
         raise ProtoflError(f"IDX file {path} is truncated: {len(raw)} bytes, no header")

@@ -54,8 +54,8 @@ def read_split(base: Path, split: str) -> list[str]:
     path = base / "ImageSets" / "Segmentation" / f"{split}.txt"
     try:
         return [s.strip() for s in path.read_text().splitlines() if s.strip()]
-    except OSError:
-        raise ProtoflError(f"Pascal VOC split list {path} cannot be read") from None
+    except (OSError, UnicodeDecodeError):
+        raise ProtoflError(f"Pascal VOC split list {path} cannot be read as text") from None
 
 
 def mask_classes(path: Path) -> set[int]:
@@ -70,8 +70,11 @@ def mask_classes(path: Path) -> set[int]:
             values = set(np.unique(np.asarray(im)).tolist())
     except FileNotFoundError:
         raise ProtoflError(f"segmentation mask {path} does not exist") from None
-    except (OSError, ValueError, SyntaxError) as e:
-        raise ProtoflError(f"segmentation mask {path} cannot be read ({e})") from None
+    except ProtoflError:
+        raise
+    except Exception as e:  # Pillow raises many types on a damaged file
+        raise ProtoflError(f"segmentation mask {path} cannot be read ({type(e).__name__})"
+                           ) from None
     values -= {0, VOID}
     bad = sorted(v for v in values if v > len(VOC_CLASSES))
     if bad:
