@@ -368,3 +368,19 @@ def test_cli_data_list(capsys, tmp_path):
                  "celeba", "matek19"):
         assert re.search(rf"^{name}\s", out, re.M), name
     assert main(["data", "fetch", "nope", "--root", str(tmp_path)]) == 2
+
+
+def test_celeba_by_hand_then_fetch_writes_the_json(tmp_path, capsys):
+    from PIL import Image
+    from test_leaf_prep import write_celeba
+
+    raw = tmp_path / "celeba" / "raw"
+    write_celeba(raw)
+    for i in range(15):
+        Image.fromarray(np.full((10, 8, 3), i * 9, np.uint8)).save(
+            raw / "img_align_celeba" / f"{i:06d}.jpg")
+    assert main(["data", "fetch", "celeba", "--root", str(tmp_path), "-q"]) == 0
+    root = re.search(r"data.root=(\S+)", capsys.readouterr().out).group(1)
+    assert F.is_complete(Path(root))
+    fed = load_dataset(DataConfig(name="celeba", root=root, image_size=8))
+    assert fed.num_clients == 2 and fed.num_classes == 2

@@ -81,7 +81,7 @@ def fetch_hint(dataset: str) -> str:
 def load_dataset(cfg: DataConfig) -> FederatedData:
     """Build the federation a data config names (validated, one clear error if not)."""
     spec = dataset_spec(cfg.name)
-    if spec.needs_files and not cfg.root:
+    if spec.needs_files and not cfg.root and cfg.name != "hf":  # hf says what it needs
         raise ProtoflError(f"dataset {cfg.name!r} needs its files: set data.root to their "
                            f"folder{fetch_hint(cfg.name)}")
     if spec.needs_files and cfg.name != "hf" and not Path(cfg.root).expanduser().exists():
