@@ -150,7 +150,7 @@ def cmd_data_fetch(args) -> int:
     from protofl.data.fetch import fetch, source
 
     root = fetch(args.name, args.root, progress=not args.quiet)
-    print(f"{args.name}: verified and ready in {root}")
+    print(f"{args.name}: ready in {root}")
     print(f"use: --set data.name={source(args.name).dataset} --set data.root={root}")
     return 0
 

@@ -31,7 +31,7 @@ import urllib.error
 import urllib.request
 import zipfile
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 from protofl.data.sources import SOURCES, DataSource, FileSource
@@ -219,13 +219,19 @@ def _inside(dest: Path, name: str) -> Path:
     return target
 
 
+class CorruptArchive(ProtoflError):
+    """The archive cannot be unpacked (not an archive, bad CRC, truncated)."""
+
+
 def unpack(archive: Path, dest: Path, progress: bool = True) -> None:
-    """Unpack a zip or tar (any compression) into ``dest``; ProtoflError when corrupt."""
+    """Unpack a zip or tar (any compression) into ``dest``; CorruptArchive when it cannot."""
     from tqdm import tqdm
 
+    def bar(items: Iterable) -> Iterable:
+        return tqdm(items, desc=f"unpack {archive.name}", unit="file", disable=not progress,
+                    leave=False)
+
     dest.mkdir(parents=True, exist_ok=True)
-    bar: Callable[[Iterable], Iterable] = lambda it: tqdm(  # noqa: E731
-        it, desc=f"unpack {archive.name}", unit="file", disable=not progress, leave=False)
     try:
         if zipfile.is_zipfile(archive):
             with zipfile.ZipFile(archive) as z:
@@ -243,13 +249,13 @@ def unpack(archive: Path, dest: Path, progress: bool = True) -> None:
                     else:  # pragma: no cover - Python without extraction filters
                         t.extract(m, dest)
         else:
-            raise ProtoflError(f"{archive.name} is neither a zip nor a tar archive")
+            raise CorruptArchive(f"{archive.name} is neither a zip nor a tar archive")
     except OSError as e:
         if e.errno == errno.ENOSPC:
             raise _no_space(dest) from None
-        raise ProtoflError(f"archive {archive.name} is corrupt: {e}") from None
+        raise CorruptArchive(f"archive {archive.name} is corrupt: {e}") from None
     except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, ValueError) as e:
-        raise ProtoflError(f"archive {archive.name} is corrupt: {e}") from None
+        raise CorruptArchive(f"archive {archive.name} is corrupt: {e}") from None
 
 
 def _place(path: Path, target: Path) -> None:
@@ -367,11 +373,9 @@ def fetch(name: str, root: str | Path | None = None, *, progress: bool = True,
             if f.unpack:
                 try:
                     unpack(p, tmp / f.dest, progress)
-                except ProtoflError as e:
-                    if "corrupt" in str(e) or "neither" in str(e):
-                        p.unlink(missing_ok=True)  # a rerun downloads it anew
-                        raise ProtoflError(f"{e}; the download was deleted") from None
-                    raise
+                except CorruptArchive as e:
+                    p.unlink(missing_ok=True)  # a rerun downloads it anew
+                    raise ProtoflError(f"{e}; the download was deleted") from None
             else:
                 _place(p, tmp / f.dest / f.name)
         _finish(src, tmp, progress, files)
