@@ -199,6 +199,22 @@ def _options_epilog() -> str:
     return "\n".join(lines)
 
 
+def cmd_data_list(args) -> int:
+    from protofl.data.fetch import list_sources
+
+    print("\n".join(list_sources(args.root)))
+    return 0
+
+
+def cmd_data_fetch(args) -> int:
+    from protofl.data.fetch import fetch, source
+
+    root = fetch(args.name, args.root, progress=not args.quiet)
+    print(f"{args.name}: ready in {root}")
+    print(f"use: --set data.name={source(args.name).dataset} --set data.root={root}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="protofl", description="Prototype-guided federated learning. " + NAMES_NOTE)
     p.add_argument("-v", "--verbose", action="store_true", help="log more")
@@ -265,6 +281,18 @@ def build_parser() -> argparse.ArgumentParser:
     config_args(q, with_out=False)
     q.add_argument("--out", help="folder for stats.json and stats.png")
     q.set_defaults(func=cmd_stats)
+
+    q = sub.add_parser("data", help="list or download the real datasets (checksum-verified)")
+    dsub = q.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    r = dsub.add_parser("list", help="the datasets 'data fetch' can get, with their sizes")
+    r.add_argument("--root", help="where fetched data lives (default: $PROTOFL_DATA or ./data)")
+    r.set_defaults(func=cmd_data_list)
+    r = dsub.add_parser("fetch", help="download, verify and unpack one dataset; prints the "
+                        "data.root to use")
+    r.add_argument("name", help="a name from 'protofl data list'")
+    r.add_argument("--root", help="parent folder (default: $PROTOFL_DATA or ./data)")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    r.set_defaults(func=cmd_data_fetch)
 
     q = sub.add_parser("tsne", help="t-SNE of a run's final features per class (Fig. S3)")
     q.add_argument("dir", help="a run folder with checkpoint.pt")

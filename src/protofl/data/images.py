@@ -51,6 +51,15 @@ def read_image(path: str | Path, size: int | tuple[int, int] | None = None,
     return _to_chw(np.asarray(im))
 
 
+def from_pil(im, size: int | tuple[int, int] | None = None, mode: str = "RGB") -> np.ndarray:
+    """A Pillow image as a (C, H, W) float32 array in [0, 1], converted to ``mode`` and
+    resized (bilinear) to ``size``."""
+    im = im.convert(mode)
+    if size is not None:
+        im = _resize(im, size)
+    return _to_chw(np.asarray(im))
+
+
 def read_images(paths: Sequence[str | Path], size: int | tuple[int, int] | None,
                 mode: str = "RGB") -> torch.Tensor:
     """Many images, all resized to ``size`` (required to stack unless they agree), as one

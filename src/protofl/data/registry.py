@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 
 from protofl.config import DataConfig
 from protofl.data.federated import FederatedData
@@ -51,6 +52,9 @@ DATASETS: dict[str, DatasetSpec] = {
     "voc_macro": DatasetSpec("protofl.data.voc:voc_macro_federation", "resnet18",
                              "Pascal VOC 2012 single-class images, the seed's macro classes",
                              partition="dirichlet_powerlaw"),
+    "hf": DatasetSpec("protofl.data.hf:hf_federation_from_config", "resnet18",
+                      "a Hugging Face image dataset via flwr-datasets (data.root = its id or "
+                      "a local folder; needs the 'hf' extra)"),
 }
 
 
@@ -67,12 +71,31 @@ def dataset_spec(name: str) -> DatasetSpec:
     return DATASETS[name]
 
 
+def fetch_hint(dataset: str) -> str:
+    """The end of a missing-files message: which ``protofl data fetch`` gets the dataset."""
+    from protofl.data.sources import SOURCES
+
+    names = [s.name for s in SOURCES.values()
+             if s.dataset == dataset or (dataset == "voc_macro" and s.dataset == "voc")]
+    if not names:
+        return ""
+    if len(names) == 1:
+        cmd = f"'protofl data fetch {names[0]}'"
+    else:
+        cmd = f"'protofl data fetch NAME' (NAME: {', '.join(names)})"
+    return f"; run {cmd} to download it: it prints the data.root to use"
+
+
 def load_dataset(cfg: DataConfig) -> FederatedData:
     """Build the federation a data config names (validated, one clear error if not); a null
     ``partition`` is the dataset's default scheme."""
     spec = dataset_spec(cfg.name)
     cfg = dataclasses.replace(cfg, partition=cfg.partition or spec.partition)
-    if spec.needs_files and not cfg.root:
-        raise ProtoflError(f"dataset {cfg.name!r} needs its files: set data.root to their folder")
+    if spec.needs_files and not cfg.root and cfg.name != "hf":  # hf says what it needs
+        raise ProtoflError(f"dataset {cfg.name!r} needs its files: set data.root to their "
+                           f"folder{fetch_hint(cfg.name)}")
+    if spec.needs_files and cfg.name != "hf" and not Path(cfg.root).expanduser().exists():
+        raise ProtoflError(f"data.root {cfg.root} (dataset {cfg.name!r}) does not exist"
+                           f"{fetch_hint(cfg.name)}")
     module, func = spec.builder.split(":")
     return getattr(importlib.import_module(module), func)(cfg)
