@@ -141,7 +141,7 @@ def test_server_federation_without_and_with_a_test_set(tmp_path):
     assert isinstance(fed, SiteFederation) and fed.num_clients == 3
     assert len(fed.y_train) == 0 and len(fed.y_test) == 0 and fed.input_shape == (1, 8, 8)
     with pytest.raises(ProtoflError, match="run it on Flower"):
-        fed.train_sizes
+        _ = fed.train_sizes
     fed.set_sizes(np.array([4, 0, 9]))
     assert fed.train_sizes.tolist() == [4, 0, 9]
     with pytest.raises(ProtoflError, match="do not fit 3 sites"):

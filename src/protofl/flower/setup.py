@@ -9,6 +9,7 @@ from typing import Any
 
 from protofl.config import Config, apply_set, config_from_dict, load_raw
 from protofl.data.federated import FederatedData
+from protofl.data.site import SITE, site_data
 from protofl.engine.experiment import Experiment
 from protofl.errors import ProtoflError
 
@@ -33,12 +34,20 @@ def config_from_run(run_config: dict[str, Any]) -> Config:
 
 
 @functools.lru_cache(maxsize=2)
-def build(cfg_json: str, data_root: str = "") -> Experiment:
+def build(cfg_json: str, data_root: str = "", data_name: str = "", site: int = 0
+          ) -> Experiment:
     """The in-process Experiment of a config (JSON of ``Config.to_dict()``), built once per
     process, so a ClientApp's data, model (wrapped by the algorithm), algorithm and local
     setup are built exactly as the engine builds them; ``data_root`` replaces ``data.root``
-    (a SuperNode's own copy of the dataset files)."""
+    (a SuperNode's own copy of the dataset files). In site mode (``data.name: site``) the
+    data are the node's own files at ``data_root`` (format ``data_name``, else
+    ``data.site_format``) as client ``site``, checked against the agreed classes and input
+    shape."""
     raw = json.loads(cfg_json)
+    if raw.get("data", {}).get("name") == SITE:
+        cfg = config_from_dict(raw)
+        fmt = data_name or cfg.data.site_format
+        return Experiment(cfg, data=site_data(cfg.data, fmt, data_root, site))
     if data_root:
         raw["data"]["root"] = data_root
     return Experiment(config_from_dict(raw))
