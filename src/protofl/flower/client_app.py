@@ -31,7 +31,7 @@ from protofl.engine.schedule import Job
 from protofl.engine.train import RoundContext, train_client
 from protofl.errors import ProtoflError
 from protofl.flower.records import tree_from_records, tree_to_records
-from protofl.flower.setup import build, check_partitions
+from protofl.flower.setup import check_partitions, node_build
 from protofl.metrics.sites import score_split
 
 STATE = "protofl.client_state"  # + a digest of the run's config: one state per protofl run
@@ -54,7 +54,8 @@ def node_experiment(cfg_json: str, context: Context) -> Experiment:
     pid, _ = partition_of(context)
     nc = context.node_config
     try:
-        return build(cfg_json, str(nc.get(DATA_ROOT, "")), str(nc.get(DATA_NAME, "")), pid)
+        return node_build(cfg_json, str(nc.get(DATA_ROOT, "")), str(nc.get(DATA_NAME, "")),
+                          pid)
     except ProtoflError as e:
         log(ERROR, "protofl: this node cannot join the run: %s", e)
         raise
