@@ -13,6 +13,7 @@ them).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -146,6 +147,22 @@ def test_flower_run_config_builds_protofl_config():
         "fedavg", 4, 0.5, 3)
     with pytest.raises(ProtoflError, match="clients.nope"):
         config_from_run({"set": "clients.nope=1"})
+
+
+def test_flower_site_node_that_cannot_join_logs_one_line(tmp_path, caplog):
+    """A SuperNode whose files hold another class logs why (the error reply goes to the
+    server); one that fits builds its own Experiment with the agreed classes."""
+    write_site(tmp_path / "good", {"a": 5, "c": 5}, SITE_CLASSES)
+    write_site(tmp_path / "odd", {"a": 5, "zebra": 2}, SITE_CLASSES)
+    cfg_json = json.dumps(Experiment(site_config("fedavg", 0)).cfg.to_dict())
+    nc = {"partition-id": 1, "num-partitions": CLIENTS, "data-root": str(tmp_path / "good")}
+    exp = protofl_client.node_experiment(cfg_json, Context(1, 2, nc, RecordDict(), {}))
+    assert exp.data.train_sizes.tolist() == [0, 8, 0] and exp.data.class_names == SITE_CLASSES
+    nc = {**nc, "data-root": str(tmp_path / "odd")}
+    with caplog.at_level(logging.ERROR, logger="flwr"):
+        with pytest.raises(ProtoflError, match="zebra"):
+            protofl_client.node_experiment(cfg_json, Context(1, 2, nc, RecordDict(), {}))
+    assert "this node cannot join the run: site 1 (imagefolder at" in caplog.text
 
 
 def test_flower_partition_count_must_match_clients():
