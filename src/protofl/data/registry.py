@@ -16,6 +16,7 @@ class DatasetSpec:
     model: str  # the paper's model for it
     description: str
     needs_files: bool = True
+    task: str = "classification"  # or "segmentation": y holds masks (N, H, W), 255 = void
 
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -43,6 +44,19 @@ DATASETS: dict[str, DatasetSpec] = {
                        "Pascal VOC 2012 single-class images, 20 classes (classification)"),
     "voc_macro": DatasetSpec("protofl.data.voc:voc_macro_federation", "resnet18",
                              "Pascal VOC 2012 single-class images, the seed's macro classes"),
+    "voc_seg": DatasetSpec("protofl.data.segmentation:voc_seg_federation", "deeplabv3plus",
+                           "Pascal VOC 2012 single-object images, 21 classes (segmentation)",
+                           task="segmentation"),
+    "voc_seg_macro": DatasetSpec("protofl.data.segmentation:voc_seg_macro_federation",
+                                 "deeplabv3plus", "Pascal VOC 2012 single-object images, the "
+                                 "seed's 5 macro classes (segmentation)", task="segmentation"),
+    "shapes": DatasetSpec("protofl.data.shapes:shapes_federation", "deeplabv3plus",
+                          "generated textured shapes on clutter, 9 classes, 20 clients "
+                          "(segmentation, no download)", needs_files=False,
+                          task="segmentation"),
+    "shapes_macro": DatasetSpec("protofl.data.shapes:shapes_macro_federation", "deeplabv3plus",
+                                "generated shapes, 5 macro classes, 20 clients (segmentation, "
+                                "no download)", needs_files=False, task="segmentation"),
 }
 
 
