@@ -7,11 +7,13 @@ baseline (every pixel predicted background), at a few checkpoints. Never run as 
 
     python benchmarks/shapes_central.py --steps 600 --width 0.5 --channels 64
     python benchmarks/shapes_central.py --macro --size 32
+    python benchmarks/shapes_central.py --figure qual.png   # + the qualitative figure
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 
 import numpy as np
@@ -49,8 +51,9 @@ def all_background(y: torch.Tensor, num_classes: int) -> dict:
 
 def train_central(data, steps: int, batch: int, lr: float, seed: int, width: float,
                   channels: int, output_stride: int, augment: bool, every: int,
-                  log=print) -> list[tuple[int, float, dict]]:
-    """Train on every training image; returns (step, seconds, test report) checkpoints."""
+                  log=print, snapshots: dict | None = None) -> list[tuple[int, float, dict]]:
+    """Train on every training image; returns (step, seconds, test report) checkpoints.
+    With ``snapshots``, a copy of the model is stored there at every checkpoint."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     model = DeepLabV3Plus(data.input_shape, data.num_classes, width=width,
@@ -73,6 +76,8 @@ def train_central(data, steps: int, batch: int, lr: float, seed: int, width: flo
             model.train()
             t = time.perf_counter() - start
             out.append((step, t, r))
+            if snapshots is not None:
+                snapshots[f"central, step {step}"] = copy.deepcopy(model).eval()
             log(f"step {step:5d}  {t:6.1f}s  loss {loss.item():.3f}  mIoU {r['miou']:.3f}  "
                 f"pixel acc {r['pixel_accuracy']:.3f}")
     return out
@@ -92,6 +97,7 @@ def main() -> None:
     p.add_argument("--every", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--figure", help="write the qualitative figure (4 test images) here")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     cfg = DataConfig(name="shapes", image_size=a.size, num_clients=1)
@@ -100,8 +106,16 @@ def main() -> None:
     print(f"{data.name}: {len(data.x_train)} train / {len(data.x_test)} test images "
           f"{data.input_shape}; all-background mIoU {base['miou']:.3f}, pixel acc "
           f"{base['pixel_accuracy']:.3f}")
+    snaps: dict | None = {} if a.figure else None
     res = train_central(data, a.steps, a.batch, a.lr, a.seed, a.width, a.channels,
-                        a.output_stride, not a.no_augment, a.every)
+                        a.output_stride, not a.no_augment, a.every, snapshots=snaps)
+    if a.figure:
+        from protofl.report.segmentation import maps_from_outputs, qualitative_figure
+
+        x, y = data.x_test[:4], data.y_test[:4]
+        with torch.no_grad():
+            maps = {k: maps_from_outputs(*m(to_input(x))) for k, m in snaps.items()}
+        print(qualitative_figure(x, y, maps, a.figure, data.class_names, data.name))
     final = res[-1][2]
     print("per-class IoU: " + ", ".join(f"{k} {v:.2f}" for k, v in final["iou"].items()
                                         if v is not None))

@@ -8,7 +8,7 @@ shape and texture (the texture follows the instance's rotation):
 class       shape     texture              macro
 ==========  ========  ===================  ==========
 disc        disc      solid                round
-ring        annulus   radial bands         round
+ring        annulus   concentric bands     round
 square      square    horizontal stripes   boxy
 diamond     diamond   checkerboard         boxy
 triangle    triangle  dots                 pointy
@@ -17,12 +17,15 @@ cross       plus      vertical stripes     linear
 bar         ellipse   fine grain           linear
 ==========  ========  ===================  ==========
 
-Each instance has two random colours (pattern and ground), a random size and rotation. The
-background is a smooth random colour field with a faint random sinusoidal grating, pixel
-noise and a few distractor strokes, all labelled background; objects are drawn over them.
+Each instance has a random size and rotation; its pattern colour is drawn near its class's
+hue (eight hues around the colour circle, jitter +-0.03, random saturation and value) and
+the texture's ground is the same colour darker, so colour, shape and texture all carry the
+class (a macro group's two classes have neighbouring hues). The background is a smooth
+random colour field with a faint random sinusoidal grating, pixel noise and a few
+distractor strokes of any colour, all labelled background; objects are drawn over them.
 Like VOC, a one-pixel band on each object's outline is void (255) unless
-``void_edges=False``. Everything is vectorised numpy, deterministic from the seed: 2,000
-images of 48 x 48 take about a second.
+``void_edges=False``. Everything is vectorised numpy and deterministic from the seed: the
+1,500 images of 48 x 48 take about a second on one core.
 """
 
 from __future__ import annotations
@@ -152,8 +155,7 @@ def generate_shapes(n: int, size: int = SHAPES_SIZE, seed: int = 0, void_edges: 
         cx, cy = (rng.uniform(0.2, 0.8, (2, n)) * size)
         angle = rng.uniform(0, 2 * np.pi, n)
         fg = _hue_colour(rng, (labels - 1) / len(SHAPE_CLASSES))  # the class's hue family
-        bg = rng.random((n, 3))
-        bg = np.where(np.abs(fg - bg).sum(1, keepdims=True) < 0.6, 1.0 - fg, bg)
+        bg = fg * rng.uniform(0.3, 0.55, (n, 1))  # the texture's ground: the same hue, darker
         for k in range(len(SHAPE_CLASSES)):
             idx = np.flatnonzero((labels == k + 1) & (count > j))
             if not len(idx):
