@@ -1,13 +1,17 @@
-"""Does DeepLab-V3+ learn the embedded Shapes set? Central training for a fixed step budget.
+"""Does DeepLab-V3+ learn the embedded Shapes set? Training for a fixed step budget.
 
 Trains ``DeepLabV3Plus`` on the whole Shapes training pool (one client holding everything),
 Adam, per-pixel cross-entropy with void (255) ignored, joint random resized crop + flip,
 then reports the global test set's mIoU and pixel accuracy against the all-background
-baseline (every pixel predicted background), at a few checkpoints. Never run as a test.
+baseline (every pixel predicted background), at a few checkpoints. ``--fedavg`` instead
+runs a bare FedAvg (a sizing estimate for the segmentation suite, not protofl's engine):
+``--per-round`` clients drawn in proportion to their size, ``--local-steps`` Adam steps
+each, weights averaged in proportion to client size. Never run as a test.
 
     python benchmarks/shapes_central.py --steps 600 --width 0.5 --channels 64
     python benchmarks/shapes_central.py --macro --size 32
     python benchmarks/shapes_central.py --figure qual.png   # + the qualitative figure
+    python benchmarks/shapes_central.py --fedavg --alpha 0.01 --rounds 30
 """
 
 from __future__ import annotations
@@ -83,6 +87,46 @@ def train_central(data, steps: int, batch: int, lr: float, seed: int, width: flo
     return out
 
 
+def train_fedavg(data, rounds: int, per_round: int, local_steps: int, batch: int, lr: float,
+                 seed: int, width: float, channels: int, output_stride: int, augment: bool,
+                 log=print) -> tuple[float, dict]:
+    """Bare FedAvg on ``data``'s clients; returns (seconds, final test report)."""
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    model = DeepLabV3Plus(data.input_shape, data.num_classes, width=width,
+                          output_stride=output_stride, channels=channels)
+    sizes = data.train_sizes.astype(float)
+    start = time.perf_counter()
+    for _ in range(rounds):
+        active = rng.choice(data.num_clients, per_round, replace=False, p=sizes / sizes.sum())
+        states, weights = [], []
+        for k in active:
+            local = copy.deepcopy(model)
+            opt = torch.optim.Adam(local.parameters(), lr=lr)
+            x, y = data.client_train(int(k))
+            for _ in range(local_steps):
+                idx = torch.randint(len(x), (min(batch, len(x)),), generator=gen)
+                xb, yb = to_input(x[idx]), y[idx]
+                if augment:
+                    xb, yb = random_crop_flip(xb, yb, gen, CropFlip())
+                loss = F.cross_entropy(local(xb)[1], yb.long(), ignore_index=255)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            states.append(local.state_dict())
+            weights.append(float(len(x)))
+        w = torch.tensor(weights) / sum(weights)
+        model.load_state_dict({n: sum(wk * s[n] for wk, s in zip(w, states))
+                               for n in states[0]})
+    model.eval()
+    rep = evaluate(model, data.x_test, data.y_test, data.num_classes)
+    t = time.perf_counter() - start
+    log(f"fedavg {rounds} rounds x {per_round} clients x {local_steps} steps: {t:.1f}s  "
+        f"mIoU {rep['miou']:.3f}  pixel acc {rep['pixel_accuracy']:.3f}")
+    return t, rep
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--macro", action="store_true", help="the 5 macro classes")
@@ -98,14 +142,25 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--figure", help="write the qualitative figure (4 test images) here")
+    p.add_argument("--fedavg", action="store_true", help="bare FedAvg instead (sizing)")
+    p.add_argument("--alpha", type=float, default=0.1, help="Dirichlet alpha (--fedavg)")
+    p.add_argument("--clients", type=int, default=20, help="clients (--fedavg)")
+    p.add_argument("--rounds", type=int, default=30, help="rounds (--fedavg)")
+    p.add_argument("--per-round", type=int, default=5, help="active clients (--fedavg)")
+    p.add_argument("--local-steps", type=int, default=2, help="steps per client (--fedavg)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    cfg = DataConfig(name="shapes", image_size=a.size, num_clients=1)
+    cfg = DataConfig(name="shapes", image_size=a.size,
+                     num_clients=a.clients if a.fedavg else 1, alpha=a.alpha)
     data = (shapes_macro_federation if a.macro else shapes_federation)(cfg)
     base = all_background(data.y_test, data.num_classes)
     print(f"{data.name}: {len(data.x_train)} train / {len(data.x_test)} test images "
           f"{data.input_shape}; all-background mIoU {base['miou']:.3f}, pixel acc "
           f"{base['pixel_accuracy']:.3f}")
+    if a.fedavg:
+        train_fedavg(data, a.rounds, a.per_round, a.local_steps, a.batch, a.lr, a.seed,
+                     a.width, a.channels, a.output_stride, not a.no_augment)
+        return
     snaps: dict | None = {} if a.figure else None
     res = train_central(data, a.steps, a.batch, a.lr, a.seed, a.width, a.channels,
                         a.output_stride, not a.no_augment, a.every, snapshots=snaps)

@@ -58,9 +58,11 @@ def test_federated_layout_and_macro():
 
 
 def test_deeplab_learns_shapes():
-    """Central training for a short budget beats the all-background prediction clearly."""
+    """Central training for a short budget (150 Adam steps, ~12 s on a free core) beats the
+    all-background prediction clearly (benchmarks/shapes_central.py trains longer: mIoU
+    ~0.86 on the 9 classes). Deterministic: one thread, fixed seeds."""
     torch.manual_seed(0)
-    data = load_dataset(DataConfig(name="shapes", num_clients=1, image_size=32,
+    data = load_dataset(DataConfig(name="shapes_macro", num_clients=1, image_size=32,
                                    max_samples=600))
     model = DeepLabV3Plus(data.input_shape, data.num_classes, width=0.35, channels=32)
     opt = torch.optim.Adam(model.parameters(), lr=5e-3)
@@ -69,20 +71,19 @@ def test_deeplab_learns_shapes():
     def inputs(x):
         return (x.float() / 255 - 0.5) / 0.25
 
-    for _ in range(STEPS):
+    for _ in range(150):
         idx = torch.randint(len(data.x_train), (32,), generator=gen)
         loss = F.cross_entropy(model(inputs(data.x_train[idx]))[1],
                                data.y_train[idx].long(), ignore_index=255)
         opt.zero_grad()
         loss.backward()
         opt.step()
-    trained, background = ConfusionMeter(9), ConfusionMeter(9)
+    x, y = data.x_test[:150], data.y_test[:150]
+    trained, background = ConfusionMeter(5), ConfusionMeter(5)
     with torch.no_grad():
-        trained.update(data.y_test, model(inputs(data.x_test))[1])
-    background.update(data.y_test, torch.zeros_like(data.y_test))
+        trained.update(y, model(inputs(x))[1])
+    background.update(y, torch.zeros_like(y))
     base, got = background.report()["miou"], trained.report()["miou"]
-    assert base < 0.11
-    assert got > 2 * base, (got, base)
-
-
-STEPS = 150
+    print(f"mIoU {got:.3f} vs all-background {base:.3f}")  # 0.600 vs 0.170 here
+    assert base < 0.2
+    assert got > 2.5 * base, (got, base)

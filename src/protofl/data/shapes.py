@@ -151,7 +151,7 @@ def generate_shapes(n: int, size: int = SHAPES_SIZE, seed: int = 0, void_edges: 
     mask = np.zeros((n, size, size), dtype=np.uint8)
     count = rng.integers(1, MAX_INSTANCES + 1, n)
     for j in range(MAX_INSTANCES):
-        radius = rng.uniform(10, 16, n) * s / count ** 0.35  # several instances: smaller
+        radius = rng.uniform(12, 18, n) * s / count ** 0.4  # several instances: smaller
         cx, cy = (rng.uniform(0.2, 0.8, (2, n)) * size)
         angle = rng.uniform(0, 2 * np.pi, n)
         fg = _hue_colour(rng, (labels - 1) / len(SHAPE_CLASSES))  # the class's hue family

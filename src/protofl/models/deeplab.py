@@ -44,11 +44,15 @@ def divisible(v: float, by: int = 8) -> int:
 
 
 def norm_layer(kind: str, channels: int) -> nn.Module:
-    """BatchNorm, or GroupNorm with ``gcd(32, channels)`` groups (channels are multiples of
-    8 here, so every group has at least one channel and at most 32 groups)."""
+    """BatchNorm, or GroupNorm with ``gcd(32, channels)`` groups, halved until each group
+    holds at least 4 channels (one channel per group would be instance norm, which wipes
+    out each image's per-channel level, colour included)."""
     if kind == "batch":
         return nn.BatchNorm2d(channels)
-    return nn.GroupNorm(math.gcd(32, channels), channels)
+    groups = math.gcd(32, channels)
+    while groups > 1 and channels // groups < 4:
+        groups //= 2
+    return nn.GroupNorm(groups, channels)
 
 
 class ConvNormAct(nn.Sequential):
