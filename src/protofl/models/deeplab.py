@@ -140,7 +140,8 @@ class ASPP(nn.Module):
 
 class DeepLabV3Plus(ProtoNet):
     """DeepLab-V3+ / MobileNetV2; ``encode(x)`` -> ``(B, d, H/4, W/4)`` pixel features,
-    ``head(z)`` -> ``(B, num_classes, H, W)`` logits (see the module docstring)."""
+    ``head(z)`` -> ``(B, num_classes, H, W)`` logits (see the module docstring). ``head``
+    upsamples to the ``(H, W)`` of ``in_shape``, so inputs must have that size."""
 
     def __init__(self, in_shape: tuple[int, ...], num_classes: int, width: float = 1.0,
                  output_stride: int = 16, channels: int = 256, norm: str = "group",
