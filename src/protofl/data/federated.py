@@ -18,6 +18,11 @@ class FederatedData:
     same for its local test split), so a round touches only the rows of its active clients and
     1,000 clients cost no more memory than their samples. ``x_test``/``y_test`` is the global
     test set used to evaluate the aggregate model.
+
+    Segmentation: ``y`` splits are masks ``(N, H, W)`` (uint8, 255 = void) and the optional
+    ``labels_*`` give each image's object class. ``class_counts[k, c]`` then counts client k's
+    training images whose object class is c (the background column stays 0); without labels,
+    the images whose mask contains c.
     """
 
     name: str
@@ -31,6 +36,9 @@ class FederatedData:
     x_test: torch.Tensor
     y_test: torch.Tensor
     class_names: list[str] = field(default_factory=list)
+    labels_train: torch.Tensor | None = None  # per-image object class when y holds masks
+    labels_local_test: torch.Tensor | None = None
+    labels_test: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.train_offsets = np.asarray(self.train_offsets, dtype=np.int64)
@@ -44,11 +52,22 @@ class FederatedData:
         if not self.class_names:
             self.class_names = [str(c) for c in range(self.num_classes)]
         counts = np.zeros((self.num_clients, self.num_classes), dtype=np.int64)
-        y = self.y_train.numpy()
+        if self.labels_train is not None and len(self.labels_train) != len(self.y_train):
+            raise ProtoflError(f"{self.name}: labels_train does not match the training samples")
+        y = (self.y_train if self.labels_train is None else self.labels_train).numpy()
+        if y.ndim > 1:
+            y = _present(y, self.num_classes)
         for k in range(self.num_clients):
-            counts[k] = np.bincount(y[self.train_offsets[k] : self.train_offsets[k + 1]],
-                                    minlength=self.num_classes)
+            part = y[self.train_offsets[k] : self.train_offsets[k + 1]]
+            counts[k] = (part.sum(0) if part.ndim > 1 else
+                         np.bincount(part, minlength=self.num_classes))
         self.class_counts = counts  # (K, C) training samples per client and class
+
+    @property
+    def task(self) -> str:
+        """``"segmentation"`` when targets are masks ``(N, H, W)``, else
+        ``"classification"``."""
+        return "segmentation" if self.y_train.dim() == 3 else "classification"
 
     @property
     def num_clients(self) -> int:
@@ -101,6 +120,20 @@ class FederatedData:
         }
 
 
+def _present(masks: np.ndarray, num_classes: int) -> np.ndarray:
+    """``(N, C)`` 0/1: whether each mask holds class c (void and other values ignored)."""
+    flat = masks.reshape(len(masks), -1).astype(np.int64)
+    out = np.zeros((len(masks), num_classes), dtype=np.int64)
+    for c in range(num_classes):
+        out[:, c] = (flat == c).any(1)
+    return out
+
+
+def _target(y: torch.Tensor) -> torch.Tensor:
+    """Class labels as int64; masks keep their dtype (uint8 holds 0..C-1 and 255)."""
+    return y.long() if y.dim() == 1 else y
+
+
 def _describe(v: np.ndarray) -> dict:
     return {"min": int(v.min()), "median": float(np.median(v)), "mean": float(v.mean()),
             "max": int(v.max())}
@@ -147,12 +180,16 @@ def from_partition(
     local_test_fraction: float = 0.1,
     seed: int = 0,
     class_names: list[str] | None = None,
+    labels: torch.Tensor | None = None,
+    labels_test: torch.Tensor | None = None,
 ) -> FederatedData:
     """Build the container from a pool and per-client index arrays (a partitioner's output).
 
     Each client's samples are shuffled and split into local train and test parts (at least
     one test sample when the fraction is positive, at least one train sample); the pool is
-    then gathered once per split, ordered by client.
+    then gathered once per split, ordered by client. For segmentation, ``y`` and ``y_test``
+    are masks (kept in their dtype) and ``labels``/``labels_test`` the per-image object
+    classes (gathered like ``y``).
     """
     rng = np.random.default_rng(seed)
     train, test = [], []
@@ -165,12 +202,17 @@ def from_partition(
     test_offsets = np.concatenate([[0], np.cumsum([len(i) for i in test])])
     tr = torch.from_numpy(np.concatenate(train))
     te = torch.from_numpy(np.concatenate(test))
-    x_local_test, y_local_test = x[te], y[te].long()
+    x_local_test, y_local_test = x[te], _target(y[te])
+    lab = labels.long() if labels is not None else None
     if x_test is None:
         x_test, y_test = x_local_test, y_local_test
+        labels_test = lab[te] if lab is not None else None
     return FederatedData(
         name=name, num_classes=num_classes,
-        x_train=x[tr], y_train=y[tr].long(), train_offsets=train_offsets,
+        x_train=x[tr], y_train=_target(y[tr]), train_offsets=train_offsets,
         x_local_test=x_local_test, y_local_test=y_local_test, test_offsets=test_offsets,
-        x_test=x_test, y_test=y_test.long(), class_names=class_names or [],
+        x_test=x_test, y_test=_target(y_test), class_names=class_names or [],
+        labels_train=lab[tr] if lab is not None else None,
+        labels_local_test=lab[te] if lab is not None else None,
+        labels_test=labels_test.long() if labels_test is not None else None,
     )

@@ -19,6 +19,7 @@ class DatasetSpec:
     description: str
     needs_files: bool = True
     partition: str | None = None  # the default partition scheme (None: natural clients)
+    task: str = "classification"  # or "segmentation": y holds masks (N, H, W), 255 = void
 
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -55,6 +56,21 @@ DATASETS: dict[str, DatasetSpec] = {
     "hf": DatasetSpec("protofl.data.hf:hf_federation_from_config", "resnet18",
                       "a Hugging Face image dataset via flwr-datasets (data.root = its id or "
                       "a local folder; needs the 'hf' extra)"),
+    "voc_seg": DatasetSpec("protofl.data.segmentation:voc_seg_federation", "deeplabv3plus",
+                           "Pascal VOC 2012 single-object images, 21 classes (segmentation)",
+                           task="segmentation", partition="dirichlet_powerlaw"),
+    "voc_seg_macro": DatasetSpec("protofl.data.segmentation:voc_seg_macro_federation",
+                                 "deeplabv3plus", "Pascal VOC 2012 single-object images, the "
+                                 "seed's 5 macro classes (segmentation)", task="segmentation",
+                                 partition="dirichlet_powerlaw"),
+    "shapes": DatasetSpec("protofl.data.shapes:shapes_federation", "deeplabv3plus",
+                          "generated textured shapes on clutter, 9 classes, 20 clients "
+                          "(segmentation, no download)", needs_files=False,
+                          task="segmentation", partition="dirichlet_powerlaw"),
+    "shapes_macro": DatasetSpec("protofl.data.shapes:shapes_macro_federation", "deeplabv3plus",
+                                "generated shapes, 5 macro classes, 20 clients (segmentation, "
+                                "no download)", needs_files=False, task="segmentation",
+                                partition="dirichlet_powerlaw"),
 }
 
 
