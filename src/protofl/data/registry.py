@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from protofl.config import DataConfig
+from protofl.data import store
 from protofl.data.federated import FederatedData
 from protofl.errors import ProtoflError
 
@@ -59,10 +60,29 @@ def dataset_spec(name: str) -> DatasetSpec:
     return DATASETS[name]
 
 
-def load_dataset(cfg: DataConfig) -> FederatedData:
-    """Build the federation a data config names (validated, one clear error if not)."""
+def load_dataset(cfg: DataConfig, lean: bool = False) -> FederatedData:
+    """Build the federation a data config names (validated, one clear error if not).
+
+    ``lean``: keep the rows in their source dtype (uint8 pixels; callers turn gathered rows
+    into model inputs with ``data.inputs``), and a dataset from files whose rows exceed the
+    memory budget is written to, and on later runs mapped from, the on-disk cache
+    (``data/store.py``). Without it every split is float32 model inputs in memory.
+    """
     spec = dataset_spec(cfg.name)
     if spec.needs_files and not cfg.root:
         raise ProtoflError(f"dataset {cfg.name!r} needs its files: set data.root to their folder")
     module, func = spec.builder.split(":")
-    return getattr(importlib.import_module(module), func)(cfg)
+    builder = getattr(importlib.import_module(module), func)
+    if not lean:
+        return builder(cfg).decoded()
+    if not spec.needs_files:
+        return builder(cfg)
+    folder = store.cache_home() / f"{cfg.name}-{store.cache_key(asdict(cfg), cfg.root)}"
+    cached = store.load_cached(folder)
+    if cached is not None:
+        return cached
+    with store.using(store.Store(folder, store.data_budget())) as s:
+        data = builder(cfg)
+    if s.spilled:
+        store.save_meta(s, data)
+    return data
