@@ -33,7 +33,8 @@ def tsne_plot(folder: Path, samples: int = 1000, seed: int = 0) -> Path:
     pick = np.sort(np.random.default_rng(seed).permutation(len(y))[:samples])
     exp.model.eval()
     with torch.no_grad():
-        z = forward(exp.model, exp.state["params"], exp.state["buffers"], x[pick])[0]
+        z = forward(exp.model, exp.state["params"], exp.state["buffers"],
+                    exp.data.inputs(x[torch.from_numpy(pick)]))[0]
     emb = TSNE(2, init="pca", random_state=seed,
                perplexity=min(30.0, max(2.0, len(pick) / 4))).fit_transform(z.numpy())
     labels = y[pick].numpy()
