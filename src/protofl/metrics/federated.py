@@ -25,10 +25,10 @@ Inputs = Callable[[torch.Tensor], torch.Tensor]
 
 # proposed defaults of the metrics.* config keys
 DISSIMILARITY_CLIENTS = 30  # probe clients of the gradient dissimilarity
-DISSIMILARITY_ROWS = 200  # training rows per probe client (its first ones)
-TRAIN_LOSS_SAMPLES = 5000  # seeded sample of the training rows for train_loss
-EVAL_BATCH = 2048  # rows per forward pass
-PROBE_CHUNK_ROWS = 1024  # padded rows differentiated together in the dissimilarity probe
+DISSIMILARITY_ROWS = 100  # training rows per probe client (its first ones)
+TRAIN_LOSS_SAMPLES = 2000  # seeded sample of the training rows for train_loss
+EVAL_BATCH = 256  # rows per forward pass (larger batches are slower for CNNs on CPU)
+PROBE_CHUNK_ROWS = 256  # padded rows differentiated together in the dissimilarity probe
 
 
 @torch.no_grad()
