@@ -114,8 +114,7 @@ def mnist_federation(cfg: DataConfig) -> FederatedData:
     """
     x, y, x_test, y_test = load_mnist(cfg.root)
     keep = capped(len(y), cfg)
-    x, y = x[keep], y[keep]
-    parts = config_partition(y, cfg, "classes", DEFAULT_CLIENTS)
+    parts = [keep[p] for p in config_partition(y[keep], cfg, "classes", DEFAULT_CLIENTS)]
     return from_partition("mnist", 10, x[:, None], torch.from_numpy(y), parts,
                           x_test[:, None], torch.from_numpy(y_test), cfg.local_test_fraction,
                           cfg.seed, scale=PIXEL_MAX)
