@@ -120,3 +120,40 @@ def test_shared_global_test_is_cached_once(tmp_path, cache, monkeypatch):
     assert again.x_test is again.x_local_test
     assert again.x_test[:, 0].tolist() == [5.0, 6.0]
     _same(first, again)
+
+
+def test_images_decode_straight_into_the_mapped_cache(tmp_path, cache, monkeypatch):
+    from test_loaders_medical import write_matek
+
+    write_matek(tmp_path / "matek")
+    cfg = DataConfig(name="matek19", root=str(tmp_path / "matek"), num_clients=2, image_size=8,
+                     partition="iid")
+    monkeypatch.setenv(store.BUDGET_ENV, "0")
+    data = load_dataset(cfg, lean=True)
+    assert data.x_train.dtype == torch.uint8 and data.scale == 255.0
+    assert store.mapped_file(data.x_test).endswith("x_test.npy")
+    _same(data, load_dataset(cfg))
+
+
+def test_a_build_that_loses_the_race_maps_the_published_cache(tmp_path, cache, monkeypatch):
+    """Two processes building the same cache: each writes its own folder; the second to
+    finish finds the first's published and uses it."""
+    cfg = _mnist(tmp_path)
+    monkeypatch.setenv(store.BUDGET_ENV, "0")
+    first = load_dataset(cfg, lean=True)
+    [folder] = list(cache.iterdir())
+    monkeypatch.setattr(store, "load_cached", _once_none(store.load_cached))
+    second = load_dataset(cfg, lean=True)  # built again: the check "saw" no cache
+    assert [p.name for p in cache.iterdir()] == [folder.name]  # its own folder is gone
+    assert store.mapped_file(second.x_train) == str(folder / "x_train.npy")
+    _same(first, second)
+
+
+def _once_none(fn):
+    calls = []
+
+    def wrapped(folder):
+        calls.append(folder)
+        return None if len(calls) == 1 else fn(folder)
+
+    return wrapped

@@ -81,8 +81,6 @@ def load_dataset(cfg: DataConfig, lean: bool = False) -> FederatedData:
     cached = store.load_cached(folder)
     if cached is not None:
         return cached
-    with store.using(store.Store(folder, store.data_budget())) as s:
+    with store.using(store.Store(store.building_folder(folder), store.data_budget())) as s:
         data = builder(cfg)
-    if s.spilled:
-        store.save_meta(s, data)
-    return data
+    return store.publish(s, data, folder) if s.spilled else data

@@ -4,8 +4,10 @@ files of an on-disk cache.
 ``load_dataset(..., lean=True)`` builds a dataset inside ``using(Store(folder, budget))``;
 the builders allocate their split arrays with ``allocate``, which gives ordinary tensors while
 the split fits ``budget`` and tensors over ``numpy`` memmaps in ``folder`` past it. The
-finished folder (``save_meta``) is a cache: a later run with the same data config and the
-same files maps it again (``load_cached``) instead of decoding every image.
+folder is private to the build and renamed into place when complete (``publish``), so
+processes loading the same dataset at once never write the same files. The published folder
+is a cache: a later run with the same data config and the same files maps it again
+(``load_cached``) instead of decoding every image.
 
 The cache lives in ``$PROTOFL_CACHE``, else ``$XDG_CACHE_HOME/protofl``, else
 ``~/.cache/protofl``; the budget is ``$PROTOFL_DATA_BUDGET_MB``, else a quarter of the
@@ -19,6 +21,8 @@ import contextvars
 import hashlib
 import json
 import os
+import shutil
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,6 +184,24 @@ def save_meta(s: Store, data) -> None:
     tmp = folder / (META + ".tmp")
     tmp.write_text(json.dumps(meta))
     tmp.replace(folder / META)
+
+
+def building_folder(folder: Path) -> Path:
+    """A private folder to build ``folder``'s cache in (``publish`` renames it into place),
+    so processes that load the same dataset at once never write the same files."""
+    return folder.with_name(f"{folder.name}.part-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def publish(s: Store, data, folder: Path):
+    """Complete the cache built in ``s.folder`` and move it to ``folder``; if another process
+    got there first, drop ours and map theirs. Returns the data to use."""
+    save_meta(s, data)
+    try:
+        s.folder.rename(folder)
+    except OSError:  # the final folder exists: another process published it
+        shutil.rmtree(s.folder, ignore_errors=True)  # our mappings stay valid until dropped
+        return load_cached(folder) or data
+    return data
 
 
 def load_cached(folder: Path):
