@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from protofl.config import DataConfig
+from protofl.data import store
 from protofl.data.federated import FederatedData
 from protofl.errors import ProtoflError
 
@@ -102,9 +103,15 @@ def fetch_hint(dataset: str) -> str:
     return f"; run {cmd} to download it: it prints the data.root to use"
 
 
-def load_dataset(cfg: DataConfig) -> FederatedData:
+def load_dataset(cfg: DataConfig, lean: bool = False) -> FederatedData:
     """Build the federation a data config names (validated, one clear error if not); a null
-    ``partition`` is the dataset's default scheme."""
+    ``partition`` is the dataset's default scheme.
+
+    ``lean``: keep the rows in their source dtype (uint8 pixels; callers turn gathered rows
+    into model inputs with ``data.inputs``), and a dataset from files whose rows exceed the
+    memory budget is written to, and on later runs mapped from, the on-disk cache
+    (``data/store.py``). Without it every split is float32 model inputs in memory.
+    """
     spec = dataset_spec(cfg.name)
     cfg = dataclasses.replace(cfg, partition=cfg.partition or spec.partition)
     if spec.needs_files and not cfg.root and cfg.name != "hf":  # hf says what it needs
@@ -114,4 +121,15 @@ def load_dataset(cfg: DataConfig) -> FederatedData:
         raise ProtoflError(f"data.root {cfg.root} (dataset {cfg.name!r}) does not exist"
                            f"{fetch_hint(cfg.name)}")
     module, func = spec.builder.split(":")
-    return getattr(importlib.import_module(module), func)(cfg)
+    builder = getattr(importlib.import_module(module), func)
+    if not lean:
+        return builder(cfg).decoded()
+    if not spec.needs_files:
+        return builder(cfg)
+    folder = store.cache_home() / f"{cfg.name}-{store.cache_key(asdict(cfg), cfg.root)}"
+    cached = store.load_cached(folder)
+    if cached is not None:
+        return cached
+    with store.using(store.Store(store.building_folder(folder), store.data_budget())) as s:
+        data = builder(cfg)
+    return store.publish(s, data, folder) if s.spilled else data

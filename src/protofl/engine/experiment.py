@@ -66,7 +66,7 @@ class Experiment:
 
     def __init__(self, cfg: Config, *, trainer: Trainer | None = None,
                  callbacks: list[Callback] | None = None):
-        self.data = data = load_dataset(cfg.data)
+        self.data = data = load_dataset(cfg.data, lean=True)  # rows as stored (e.g. uint8)
         model_name = cfg.model.name if cfg.model.name != "auto" else (
             dataset_spec(cfg.data.name).model)
         torch.manual_seed(cfg.seed)
