@@ -46,7 +46,7 @@ def main() -> None:
         x = exp.data.x_test[torch.from_numpy(probe_indices(len(exp.data.y_test), size, 0))]
         t = time.perf_counter()
         for _ in range(args.rounds):
-            mean_client_mmd(exp.model, clients, (exp.model, params, buffers), x)
+            mean_client_mmd(exp.alg.model, clients, (exp.alg.model, params, buffers), x)
         s = (time.perf_counter() - t) / args.rounds
         print(f"FFD probe {size:4d}: {s:.3f} s per round ({100 * s / round_s:.0f}% of a round)")
 

@@ -355,7 +355,7 @@ def site_reference(exp: Experiment, root: Path) -> Experiment:
     data = FederatedData("site", 3, torch.cat([x for x, _ in tr]), torch.cat([y for _, y in tr]),
                          np.cumsum([0] + [len(y) for _, y in tr]), torch.cat([x for x, _ in te]),
                          torch.cat([y for _, y in te]), np.cumsum([0] + [len(y) for _, y in te]),
-                         server.x_test, server.y_test, SITE_CLASSES)
+                         server.x_test, server.y_test, SITE_CLASSES, scale=parts[0].scale)
     ref = Experiment(cfg, data=data)
     ref.run()
     return ref
@@ -389,7 +389,7 @@ def test_flower_site_mode_matches_the_engine_over_the_same_sites(simulated, case
         assert last["amm"] == pytest.approx(ref.last["amm"], rel=1e-6)
         w = ref.alg.global_weights(ref.state)
         s = scores(ref.alg, ref.alg.model, w["params"], w["buffers"], ref.state,
-                   ref.data.x_local_test, 64)
+                   ref.data.inputs(ref.data.x_local_test), 64)
         loss = float(torch.nn.functional.cross_entropy(s, ref.data.y_local_test))
         assert last["federated_loss"] == pytest.approx(loss, rel=1e-5)
     else:  # personalised: the sites' own models, pooled

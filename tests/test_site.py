@@ -92,7 +92,9 @@ def test_site_data_maps_classes_by_name_and_holds_only_its_rows(tmp_path):
     assert fed.num_clients == 3 and fed.num_classes == 3 and fed.class_names == ABC
     assert fed.train_sizes.tolist() == [0, 12, 0]  # 20% held out: 2 of a, 1 of c
     x, y = fed.client_train(1)
+    assert x.dtype == torch.uint8 and fed.scale == 255.0  # pixels as stored
     assert sorted(set(y.tolist())) == [0, 2]  # c keeps the agreed index 2, not its rank 1
+    x = fed.inputs(x)
     assert all(float(x[i, 0, 2 * int(y[i])].mean()) > 0.8 for i in range(len(y)))
     assert sorted(fed.client_test(1)[1].tolist()) == [0, 0, 2]
     assert len(fed.client_test(0)[1]) == 0
@@ -219,7 +221,7 @@ def test_pooled_figures_weigh_sites_by_size():
 
 def test_score_split_matches_a_direct_computation():
     exp = Experiment(config_from_dict({"algorithm": "fedavg", "data": {"name": "digits"}}))
-    x, y = exp.data.x_test[:50], exp.data.y_test[:50]
+    x, y = exp.data.inputs(exp.data.x_test[:50]), exp.data.y_test[:50]
     w = exp.alg.global_weights(exp.state)
     s = score_split(exp.alg, exp.alg.model, w, exp.state, x, y, 10)
     with torch.no_grad():

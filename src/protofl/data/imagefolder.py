@@ -4,7 +4,8 @@
 with ``root/train/<class>/`` and ``root/test/<class>/`` the test folder is the global test set,
 otherwise a stratified 20% of each class is. The pool is partitioned like the medical sets
 (10 clients, Dirichlet ``alpha``). Images are RGB unless ``data.input_shape`` asks for one
-channel or every image is grey; all must have the same size unless ``data.image_size`` is set.
+channel or the first image is grey; all must have the same size unless ``data.image_size`` is set.
+Pixels are kept as uint8 (``FederatedData.scale``), decoded straight into the split arrays.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from protofl.config import DataConfig
 from protofl.data.federated import FederatedData, from_partition
-from protofl.data.images import read_images
+from protofl.data.images import PIXEL_MAX, ImageRows
 from protofl.data.medical import MEDICAL_CLIENTS, TEST_FRACTION, stratified_split
 from protofl.data.partition import capped, config_partition
 from protofl.errors import ProtoflError
@@ -83,12 +84,14 @@ def imagefolder_federation(cfg: DataConfig) -> FederatedData:
         test_paths, y_test = [p for p, t in zip(paths, test) if t], y[test]
         paths, y = [p for p, t in zip(paths, test) if not t], y[~test]
     mode = image_mode(paths, cfg)
-    x = read_images(paths, cfg.image_size, mode)
-    x_test = (read_images(test_paths, cfg.image_size, mode) if test_paths
-              else torch.zeros((0, *x.shape[1:])))
-    if x_test.shape[1:] != x.shape[1:]:
-        raise ProtoflError(f"image folder {root}: test images are {tuple(x_test.shape[2:])}, "
-                           f"training images {tuple(x.shape[2:])}; set data.image_size")
+    x = ImageRows(paths, cfg.image_size, mode)
+    x_test: ImageRows | torch.Tensor = ImageRows(test_paths, cfg.image_size, mode)
+    if not test_paths:
+        x_test = torch.zeros((0, *x.row_shape), dtype=torch.uint8)
+    elif x_test.row_shape != x.row_shape:
+        raise ProtoflError(f"image folder {root}: test images are {x_test.row_shape[1:]}, "
+                           f"training images {x.row_shape[1:]}; set data.image_size")
     parts = config_partition(y, cfg, "dirichlet", MEDICAL_CLIENTS)
     return from_partition("imagefolder", len(names), x, torch.from_numpy(y), parts, x_test,
-                          torch.from_numpy(y_test), cfg.local_test_fraction, cfg.seed, names)
+                          torch.from_numpy(y_test), cfg.local_test_fraction, cfg.seed, names,
+                          scale=PIXEL_MAX)

@@ -16,6 +16,7 @@ import torch
 
 from protofl.config import DataConfig
 from protofl.data.federated import FederatedData, from_partition
+from protofl.data.images import PIXEL_MAX
 from protofl.data.partition import capped, config_partition
 from protofl.errors import ProtoflError
 
@@ -106,19 +107,15 @@ def load_mnist(root: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
 
 def mnist_federation(cfg: DataConfig) -> FederatedData:
     """The seed's split: 1,000 clients (``num_clients``), ``classes_per_client`` = 2 digits
-    each, power-law sizes (``gamma``), a 90/10 split per client; global test = t10k.
+    each, power-law sizes (``gamma``), a 90/10 split per client; global test = t10k. Pixels
+    stay uint8 (``scale`` 255).
 
     ``partition`` may name another scheme; ``max_samples`` caps the training pool (a seeded
     random subset).
     """
     x, y, x_test, y_test = load_mnist(cfg.root)
     keep = capped(len(y), cfg)
-    x, y = x[keep], y[keep]
-    parts = config_partition(y, cfg, "classes", DEFAULT_CLIENTS)
-    return from_partition("mnist", 10, _images(x), torch.from_numpy(y), parts,
-                          _images(x_test), torch.from_numpy(y_test), cfg.local_test_fraction,
-                          cfg.seed)
-
-
-def _images(x: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(x.astype(np.float32) / 255.0)[:, None]
+    parts = [keep[p] for p in config_partition(y[keep], cfg, "classes", DEFAULT_CLIENTS)]
+    return from_partition("mnist", 10, x[:, None], torch.from_numpy(y), parts,
+                          x_test[:, None], torch.from_numpy(y_test), cfg.local_test_fraction,
+                          cfg.seed, scale=PIXEL_MAX)

@@ -79,7 +79,7 @@ def load_files(cfg: DataConfig, fmt: str, root: str) -> FederatedData:
     one = dataclasses.replace(cfg, name=fmt, root=root, num_clients=1, partition="iid",
                               local_test_fraction=0.0, hf_dataset=None, hf_partition_by=None,
                               hf_image_mode=mode, classes=[], num_classes=None)
-    return load_dataset(one)
+    return load_dataset(one, lean=True)  # rows as stored (uint8 pixels, scale)
 
 
 def label_map(names: list[str], present: np.ndarray, ag: Agreement, where: str) -> np.ndarray:
@@ -137,7 +137,7 @@ def site_data(cfg: DataConfig, fmt: str, root: str, site: int) -> FederatedData:
     train_off = np.array([0] * (site + 1) + [len(y)] * (ag.sites - site))
     test_off = np.array([0] * (site + 1) + [len(y_held)] * (ag.sites - site))
     return FederatedData(SITE, len(ag.classes), x, y, train_off, x_held, y_held, test_off,
-                         x_held, y_held, list(ag.classes))
+                         x_held, y_held, list(ag.classes), scale=fed.scale)
 
 
 @dataclass
@@ -166,14 +166,14 @@ def server_federation(cfg: DataConfig) -> SiteFederation:
     """The server's federation (the registry's builder for ``site``): the test set is every
     sample at ``data.root`` (format ``data.site_format``), or none without a root."""
     ag = agreement(cfg)
-    empty_x = torch.zeros((0, *ag.input_shape))
     empty_y = torch.zeros(0, dtype=torch.long)
-    x_test, y_test = empty_x, empty_y
+    x_test, y_test, scale = torch.zeros((0, *ag.input_shape)), empty_y, None
     if cfg.root:
         fed = load_files(cfg, cfg.site_format, cfg.root)
-        x_test = torch.cat([fed.x_train, fed.x_test])
+        x_test, scale = torch.cat([fed.x_train, fed.x_test]), fed.scale
         (y_test,) = _agreed(fed, x_test, [torch.cat([fed.y_train, fed.y_test])], ag,
                             f"the server's test set ({cfg.site_format} at {cfg.root})")
+    empty_x = x_test[:0]
     zeros = np.zeros(ag.sites + 1, dtype=np.int64)
     return SiteFederation(SITE, len(ag.classes), empty_x, empty_y, zeros, empty_x, empty_y,
-                          zeros, x_test, y_test, list(ag.classes))
+                          zeros, x_test, y_test, list(ag.classes), scale=scale)

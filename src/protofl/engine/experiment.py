@@ -68,7 +68,8 @@ class Experiment:
 
     def __init__(self, cfg: Config, *, trainer: Trainer | None = None,
                  callbacks: list[Callback] | None = None, data: FederatedData | None = None):
-        self.data = data = data if data is not None else load_dataset(cfg.data)
+        self.data = data = data if data is not None else load_dataset(
+            cfg.data, lean=True)  # rows as stored (e.g. uint8)
         model_name = cfg.model.name if cfg.model.name != "auto" else (
             dataset_spec(cfg.data.name).model)
         torch.manual_seed(cfg.seed)

@@ -39,14 +39,14 @@ ARTEFACTS = (CONFIG, METRICS, SUMMARY, CHECKPOINT, LEGACY_CHECKPOINT, "curves.pn
              "confusion.png", "tsne.png", "flower.log")
 
 
-def _clean(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     """JSON-safe: NaN/Inf become null."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 
@@ -60,7 +60,7 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    atomic_write(path, (json.dumps(_clean(obj), indent=2) + "\n").encode())
+    atomic_write(path, (json.dumps(json_safe(obj), indent=2) + "\n").encode())
 
 
 # ---- one writer per folder ----
@@ -185,7 +185,7 @@ class Metrics(NamedTuple):
 
 def append_metrics(out: Path, record: dict) -> None:
     with open(out / METRICS, "a") as f:
-        f.write(json.dumps(_clean(record)) + "\n")
+        f.write(json.dumps(json_safe(record)) + "\n")
         f.flush()
 
 
@@ -233,7 +233,7 @@ def truncate_metrics(out: Path, last_round: int) -> None:
     path = out / METRICS
     if path.exists():
         keep = [r for r in read_metrics(out) if r["round"] <= last_round]
-        atomic_write(path, "".join(json.dumps(_clean(r)) + "\n" for r in keep).encode())
+        atomic_write(path, "".join(json.dumps(json_safe(r)) + "\n" for r in keep).encode())
 
 
 def evaluated_rounds(upto: int, eval_every: int, total: int) -> list[int]:
