@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from protofl.config import Config, config_from_dict
+from protofl.data.site import SiteFederation
 from protofl.engine import runfolder
 from protofl.engine.callbacks import Callback, Progress, RunFolder
 from protofl.engine.experiment import Experiment
@@ -25,11 +26,20 @@ def folder_callbacks(out: Path | None, overwrite: bool, progress: bool) -> list[
     return cbs + ([Progress()] if progress else [])
 
 
+def local(exp: Experiment) -> Experiment:
+    """``exp``, unless its clients' data are elsewhere (a site federation runs on Flower)."""
+    if isinstance(exp.data, SiteFederation):
+        raise ProtoflError("data.name site: the training data are on the sites, each trained "
+                           "by its own Flower SuperNode; run it with `flwr run` "
+                           "(docs/flower.md, site mode)")
+    return exp
+
+
 def run_experiment(cfg: Config, out: str | Path | None = None, *, overwrite: bool = False,
                    progress: bool = False, callbacks: Sequence[Callback] = ()) -> dict:
     """Run ``cfg`` to the end, writing a run folder at ``out`` if given (held locked against
     a second writer); ``callbacks`` are added to the default ones. Returns the summary."""
-    exp = Experiment(cfg)
+    exp = local(Experiment(cfg))
     out = Path(out) if out is not None else None
     exp.callbacks += [*folder_callbacks(out, overwrite, progress), *callbacks]
     if out is None:
@@ -54,7 +64,7 @@ def resume_experiment(out: str | Path, rounds: int | None = None, progress: bool
                 raise ProtoflError(f"--rounds {rounds}: {out} has already run "
                                    f"{snapshot['round']} rounds; give at least that many")
             cfg = dataclasses.replace(cfg, rounds=rounds)
-        exp = Experiment(cfg)
+        exp = local(Experiment(cfg))
         exp.callbacks += [*folder_callbacks(out, False, progress), *callbacks]
         exp.restore(snapshot)
         runfolder.check_history(out, exp.round, exp.cfg.eval_every, exp.cfg.rounds)

@@ -24,6 +24,9 @@ import yaml
 from protofl.errors import ProtoflError
 
 SEED_MAX = 2**32 - 1  # numpy and torch both take seeds in [0, 2^32)
+# the datasets whose files a site of a cross-silo federation may hold (data.name: site)
+SITE_FORMATS = ("imagefolder", "medmnist", "ham10000", "matek19", "mnist", "voc", "voc_macro",
+                "hf")
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,34 @@ class DataConfig:
                                           "own)", ge=1)
     max_samples: int | None = option(None, "cap the sample pool (quick runs on large sets)",
                                      ge=1)
+    # data.name hf (Hugging Face datasets through flwr-datasets; docs/datasets.md)
+    hf_dataset: str | None = option(None, "hf: a Hub dataset id, a save_to_disk folder or a "
+                                          "folder of data files (null: data.root)")
+    hf_subset: str | None = option(None, "hf: the Hub dataset's configuration (subset) name")
+    hf_train_split: str = option("train", "hf: the split the clients train on")
+    hf_test_split: str | None = option("test", "hf: the split used as the global test set "
+                                               "(null or absent: the clients' local test "
+                                               "splits together)")
+    hf_image_column: str | None = option(None, "hf: the image column (null: the first Image "
+                                               "feature, else 'image' or 'img')")
+    hf_label_column: str | None = option(None, "hf: the label column (null: the first "
+                                               "ClassLabel feature, else 'label' or 'labels')")
+    hf_partition_by: str | None = option(None, "hf: a column whose values are the clients "
+                                               "(flwr-datasets' NaturalIdPartitioner, e.g. "
+                                               "center); null: data.partition")
+    hf_image_mode: str | None = option(None, "hf: images as RGB or L (grey); null: from the "
+                                             "first image", choices=("RGB", "L"))
+    # data.name site (a cross-silo Flower federation; docs/flower.md)
+    classes: list[str] = option([], "site: the class names all sites agree on, in label order "
+                                    "(or data.num_classes)")
+    num_classes: int | None = option(None, "site: the number of classes when they have no "
+                                           "names (labels 0..C-1)", ge=1)
+    input_shape: list[int] = option([], "site: the model input every site's samples must have, "
+                                        "e.g. [3, 64, 64] (C, H, W); an image folder reads C")
+    site_format: str = option("imagefolder", "site: the layout of the sites' files and of the "
+                                             "server's optional test set at data.root; a "
+                                             "SuperNode's data-name overrides it",
+                              choices=SITE_FORMATS)
 
 
 @dataclass

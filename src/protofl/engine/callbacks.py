@@ -73,7 +73,9 @@ class Callback:
 
 class Amm(Callback):
     """The aggregate mean margin: SPM of each client's prototypes against the count-weighted
-    aggregate of the prototypes seen so far (``metrics.amm``)."""
+    aggregate of the prototypes seen so far (``metrics.amm``). A client whose prototypes count
+    no sample is left out: its upload holds none and its data are not here (a Flower site),
+    so an algorithm that uploads weights only has no AMM in site mode."""
 
     def __init__(self) -> None:
         self.reference: torch.Tensor | None = None  # aggregate prototypes (C, d)
@@ -82,6 +84,9 @@ class Amm(Callback):
         if not exp.cfg.metrics.amm or not results:
             return
         pairs = [exp.alg.prototypes(r.upload, *exp.client_inputs(r.client)) for r in results]
+        pairs = [(p, n) for p, n in pairs if bool((n > 0).any())]
+        if not pairs:
+            return
         protos, counts = torch.stack([p for p, _ in pairs]), torch.stack([n for _, n in pairs])
         previous = self.reference if self.reference is not None else torch.zeros_like(protos[0])
         self.reference = prototype_math.aggregate_prototypes(protos, counts, previous)
@@ -113,21 +118,23 @@ class TestMetrics(Callback):
 
 class TrainLoss(Callback):
     """Cross-entropy of the aggregate model on (a seeded sample of) all training data
-    (``metrics.train_loss_samples``; 0: off)."""
+    (``metrics.train_loss_samples``; 0: off; none where the training data are not, as on a
+    Flower site federation's server)."""
 
     def on_evaluate(self, exp, record):
         n = exp.cfg.metrics.train_loss_samples
-        if n and exp.alg.global_weights(exp.state) is not None:
+        if n and len(exp.data.y_train) and exp.alg.global_weights(exp.state) is not None:
             record["train_loss"] = fm.train_loss(exp.alg, exp.alg.model, exp.state, exp.data, n,
                                                  exp.cfg.seed, exp.cfg.metrics.eval_batch)
 
 
 class Dissimilarity(Callback):
     """Gradient dissimilarity of the aggregate model over a fixed seeded sample of clients
-    (``metrics.dissimilarity_clients``; 0: off)."""
+    (``metrics.dissimilarity_clients``; 0: off; none where the training data are not)."""
 
     def on_evaluate(self, exp, record):
         n = min(exp.cfg.metrics.dissimilarity_clients, exp.data.num_clients)
+        n = n if len(exp.data.y_train) else 0
         weights = exp.alg.global_weights(exp.state)
         if n and weights is not None:
             probe = np.sort(np_rng(exp.cfg.seed, PROBE).choice(exp.data.num_clients, n,

@@ -16,6 +16,7 @@ import torch
 from protofl.algorithms.base import validate_upload
 from protofl.algorithms.registry import make_algorithm
 from protofl.config import Config, resolve_defaults
+from protofl.data.federated import FederatedData
 from protofl.data.registry import dataset_spec, load_dataset
 from protofl.engine.callbacks import Callback, load_callback, metric_callbacks
 from protofl.engine.schedule import (
@@ -58,15 +59,17 @@ class Experiment:
     ``cfg`` becomes the resolved config (``self.cfg``: every default filled in, the
     algorithm's options and paper defaults, the model and client count). ``trainer`` replaces
     the one ``cfg.trainer`` names; ``callbacks`` replaces the default metric callbacks (the
-    config's ``callbacks`` are added either way). ``data`` is the federation (the metrics
+    config's ``callbacks`` are added either way); the ``data`` argument replaces the federation
+    ``cfg.data`` names (a Flower site's own files). ``self.data`` is the federation (the metrics
     score its clients); ``train_data`` is what clients train on: the same, or for the
     centralized baseline the federation pooled into one client, which then takes a federated
     round's expected SGD steps each round.
     """
 
     def __init__(self, cfg: Config, *, trainer: Trainer | None = None,
-                 callbacks: list[Callback] | None = None):
-        self.data = data = load_dataset(cfg.data, lean=True)  # rows as stored (e.g. uint8)
+                 callbacks: list[Callback] | None = None, data: FederatedData | None = None):
+        self.data = data = data if data is not None else load_dataset(
+            cfg.data, lean=True)  # rows as stored (e.g. uint8)
         model_name = cfg.model.name if cfg.model.name != "auto" else (
             dataset_spec(cfg.data.name).model)
         torch.manual_seed(cfg.seed)
