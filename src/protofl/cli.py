@@ -33,6 +33,11 @@ def _config(args) -> Config:
             raw[key] = getattr(args, flag)
     if getattr(args, "dataset", None):
         raw.setdefault("data", {})["name"] = args.dataset
+    if getattr(args, "log", None):
+        have = raw.get("tracking") if isinstance(raw.get("tracking"), list) else []
+        raw["tracking"] = list(dict.fromkeys([*have, *args.log]))
+    if getattr(args, "log_dir", None):
+        raw["tracking_dir"] = args.log_dir
     for s in args.set or []:
         apply_set(raw, s)
     return config_from_dict(raw)
@@ -215,6 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
     config_args(q)
     q.add_argument("--resume", metavar="DIR", help="continue a killed run from its checkpoint")
     q.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    q.add_argument("--log", action="append", choices=("tensorboard", "mlflow"),
+                   help="also log to TensorBoard (<run>/tensorboard) or MLflow (repeatable; "
+                   "config key `tracking`)")
+    q.add_argument("--log-dir", metavar="DIR", help="MLflow's store: a folder or tracking URI "
+                   "(default: mlruns; config key `tracking_dir`)")
     q.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     q.set_defaults(func=cmd_run)
 
