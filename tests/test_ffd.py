@@ -111,6 +111,7 @@ def test_mmd_matches_an_independent_computation(runs):
     a, m = (read_metrics(root / alg)[-1]["mmd"] for alg in ("fedavg", "fedmargin"))
     assert t4["ffd"]["fedmargin"] == pytest.approx(100 * (a - m) / a)
     assert [row.label for row in t.rows] == ["fedavg", "fedmargin", "central"]
+    assert t4["pairs"] == 2  # Pearson over the federated runs only
     assert "central: one client" in t.caption
 
 
