@@ -22,7 +22,7 @@ LAYERS = [
     {"errors", "config", "seeding", "nested", "tasks"},
     {"data"},
     {"models"},
-    {"algorithms"},
+    {"algorithms", "privacy"},
     {"metrics"},
     {"engine"},
     {"report"},

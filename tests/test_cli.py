@@ -19,7 +19,7 @@ def _strip(rows):
 def test_run_writes_a_run_folder(tmp_path):
     out = tmp_path / "run"
     assert main(["run", "-q", "--out", str(out), *TINY]) == 0
-    for name in ("config.json", "metrics.jsonl", "summary.json", "checkpoint.pt",
+    for name in ("config.json", "metrics.jsonl", "summary.json", "checkpoint.safetensors",
                  "curves.png", "confusion.png", "stats.json", "stats.png"):
         assert (out / name).exists(), name
     rows = read_metrics(out)

@@ -11,7 +11,7 @@ from protofl.api import run_experiment
 from protofl.config import config_from_dict, merge
 from protofl.engine import reference
 from protofl.engine.callbacks import Callback
-from protofl.engine.runfolder import read_metrics
+from protofl.engine.runfolder import LOCK, load_checkpoint, read_metrics
 from protofl.errors import ProtoflError
 from protofl.models.registry import build_model
 from protofl.report.compare import load_runs, make_tables, table4
@@ -80,7 +80,7 @@ def test_central_keeps_every_round_as_plain_tensors(runs):
     assert files == ["round_0001.pt", "round_0002.pt"]
     flat = torch.load(root / "central" / "weights" / "round_0002.pt", weights_only=True)
     assert all(k.startswith(("params.", "buffers.")) for k in flat)
-    final = torch.load(root / "central" / "checkpoint.pt", weights_only=False)["state"]
+    final = load_checkpoint(root / "central")["state"]
     for k, v in final["params"].items():
         assert torch.equal(flat[f"params.{k}"], v)
 
@@ -127,7 +127,8 @@ def test_the_probe_does_not_depend_on_the_run_seed():
 def _refused(raw: dict, out, needle: str):
     with pytest.raises(ProtoflError, match=needle):
         run_experiment(config_from_dict(raw), out)
-    assert not out.exists()  # refused before the run folder is made
+    left = [p.name for p in out.iterdir() if p.name != LOCK] if out.exists() else []
+    assert left == []  # refused before the run wrote a file (a new folder holds its lock)
 
 
 @pytest.mark.parametrize("over, needle", [

@@ -30,6 +30,7 @@ from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from protofl.algorithms.registry import ALGORITHMS  # noqa: E402
 from protofl.config import Config, config_from_dict  # noqa: E402
+from protofl.engine import runfolder  # noqa: E402
 from protofl.engine.experiment import Experiment  # noqa: E402
 from protofl.errors import ProtoflError  # noqa: E402
 from protofl.flower import client_app as protofl_client  # noqa: E402
@@ -131,7 +132,7 @@ def _poisoning_train(msg: Message, context: Context) -> Message:
 def simulation_cases() -> dict[str, Config]:
     """Every registered algorithm (fedavg, fedmargin, fedproin, the baselines), plus the
     poisoned runs."""
-    cases = {name: tiny(name) for name in ALGORITHMS}
+    cases = {name: tiny(name) for name in ALGORITHMS if name != "central"}
     cases["poison_one"] = tiny("fedmargin", seed=POISON_ONE)
     cases["poison_all"] = tiny("fedmargin", seed=POISON_ALL, rounds=1)
     return cases
@@ -152,6 +153,10 @@ def simulated(tmp_path_factory) -> dict:
     def main(grid: Grid, context: Context) -> None:
         for name, cfg in cases.items():
             done[name] = run_on_grid(cfg, grid, root / name, round_timeout=600, node_wait=300)
+        try:
+            run_on_grid(tiny("central"), grid, root / "central", node_wait=1)
+        except ProtoflError as e:
+            done["refused"] = str(e)
 
     client = ClientApp()
     client.train()(_poisoning_train)
@@ -173,6 +178,9 @@ def test_flower_simulation_matches_engine(simulated, algorithm):
     are evaluated on the nodes, with the models that never left them."""
     if algorithm not in ALGORITHMS:
         pytest.skip(f"{algorithm} is not registered in algorithms/registry.py yet")
+    if algorithm == "central":
+        assert "central" in simulated["refused"]  # it needs the pooled data
+        return
     assert algorithm in simulated, "the simulation did not run this case"
     exp = simulated[algorithm]
     assert exp.round == 2 and exp.trainer.name == "flower"
@@ -332,7 +340,7 @@ def test_flower_deployment_fedmargin_two_rounds(deployment):
         (out / "summary.json").read_text()), 420, "the run to finish", every=2)
     assert summary["rounds"] == 2 and summary["trainer"] == "flower"
     assert [r["clients"] for r in rows_of(out)] == [[0, 1], [0, 1]]
-    state = torch.load(out / "checkpoint.pt", weights_only=False)["state"]
+    state = runfolder.load_checkpoint(out)["state"]
     assert_same_weights(state, engine_state(cfg))
 
 
@@ -348,6 +356,6 @@ def test_flower_deployment_survives_a_killed_supernode(deployment):
     rows = rows_of(out)
     assert 0 in rows[0]["clients"]  # (client 1 too, unless its first reply came too late)
     assert rows[1]["clients"] == [0] and rows[1]["rejected"] == [1]
-    for v in torch.load(out / "checkpoint.pt", weights_only=False)["state"]["params"].values():
+    for v in runfolder.load_checkpoint(out)["state"]["params"].values():
         assert torch.isfinite(v).all()
     assert "client 1" in (out / LOG_FILE).read_text()

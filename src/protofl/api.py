@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 from protofl.config import Config, config_from_dict
@@ -36,22 +38,40 @@ def _check(exp: Experiment, out: Path | None) -> None:
 
 
 def run_experiment(cfg: Config, out: str | Path | None = None, *, overwrite: bool = False,
-                   progress: bool = False, callbacks: list[Callback] = ()) -> dict:
-    """Run ``cfg`` to the end, writing a run folder at ``out`` if given; ``callbacks`` are
-    added to the default ones. Returns the summary."""
+                   progress: bool = False, callbacks: Sequence[Callback] = ()) -> dict:
+    """Run ``cfg`` to the end, writing a run folder at ``out`` if given (held locked against
+    a second writer); ``callbacks`` are added to the default ones. Returns the summary."""
     exp = Experiment(cfg)
-    _check(exp, None if out is None else Path(out))
-    exp.callbacks += [*folder_callbacks(Path(out) if out is not None else None, overwrite,
-                                        progress), *callbacks]
-    return exp.run()
-
-
-def resume_experiment(out: str | Path, progress: bool = False,
-                      callbacks: list[Callback] = ()) -> dict:
-    """Continue a killed run from its last checkpoint; it ends as an uninterrupted run would."""
-    out = Path(out)
-    exp = Experiment(config_from_dict(runfolder.load_config_json(out)))
+    out = Path(out) if out is not None else None
     _check(exp, out)
-    exp.callbacks += [*folder_callbacks(out, False, progress), *callbacks]
-    exp.restore(runfolder.load_checkpoint(out))
-    return exp.run()
+    exp.callbacks += [*folder_callbacks(out, overwrite, progress), *callbacks]
+    if out is None:
+        return exp.run()
+    with runfolder.lock(out):
+        return exp.run()
+
+
+def resume_experiment(out: str | Path, rounds: int | None = None, progress: bool = False,
+                      callbacks: Sequence[Callback] = ()) -> dict:
+    """Continue a killed run from its last checkpoint; it ends as an uninterrupted run would.
+    ``rounds`` extends a run to more rounds than it was configured for."""
+    out = Path(out)
+    if not (out / runfolder.CONFIG).is_file():  # before the lock, which would create the folder
+        raise ProtoflError(f"{out} is not a run folder (no {runfolder.CONFIG}): nothing to "
+                           "resume")
+    with runfolder.lock(out):
+        cfg = config_from_dict(runfolder.load_config_json(out))
+        snapshot = runfolder.load_checkpoint(out)
+        if rounds is not None:
+            if rounds < snapshot["round"]:
+                raise ProtoflError(f"--rounds {rounds}: {out} has already run "
+                                   f"{snapshot['round']} rounds; give at least that many")
+            cfg = dataclasses.replace(cfg, rounds=rounds)
+        exp = Experiment(cfg)
+        _check(exp, out)
+        exp.callbacks += [*folder_callbacks(out, False, progress), *callbacks]
+        exp.restore(snapshot)
+        runfolder.check_history(out, exp.round, exp.cfg.eval_every, exp.cfg.rounds)
+        if rounds is not None:
+            runfolder.write_json(out / runfolder.CONFIG, exp.cfg.to_dict())
+        return exp.run()

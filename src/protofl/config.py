@@ -195,11 +195,15 @@ class Config:
     rounds: int = option(50, "communication rounds", ge=1)
     eval_every: int = option(1, "evaluate (and log a line of metrics.jsonl) every N rounds; "
                                 "the last round always", ge=1)
-    checkpoint_every: int = option(10, "save the checkpoint every N rounds (0: never); the "
-                                       "last round always", ge=0)
+    checkpoint_every: int = option(10, "save the checkpoint every N rounds and always after "
+                                       "the last (0: after the last only)", ge=0)
     trainer: str = option("auto", "vectorized (vmap over clients), sequential, or auto "
                                   "(vectorized when the model and loss allow)",
                           choices=("auto", "sequential", "vectorized"))
+    threads: int | None = option(None, "torch threads of the run (null: 1 for models under a "
+                                       "million parameters, else half the usable cores); "
+                                       "results are bit-identical only at a fixed count",
+                                 ge=1)
     callbacks: list[str] = option([], "extra round callbacks, as `module:Class` import paths")
     tracking: list[str] = option([], "experiment trackers fed each evaluated round (needs a "
                                      "run folder)", choices=("tensorboard", "mlflow"))

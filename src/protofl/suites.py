@@ -113,13 +113,12 @@ SUITES: dict[str, Suite] = {
 
 def _one(args: tuple[dict, str, bool]) -> str:
     raw, out, progress = args
-    import torch
-
     from protofl.api import run_experiment
     from protofl.config import config_from_dict
 
-    torch.set_num_threads(1)
-    run_experiment(config_from_dict(raw), Path(out), overwrite=True, progress=progress)
+    # one thread per worker process (the pool already uses every core)
+    run_experiment(config_from_dict({"threads": 1, **raw}), Path(out), overwrite=True,
+                   progress=progress)
     return out
 
 

@@ -199,8 +199,7 @@ class RunFolder(Callback):
     def on_round_end(self, exp, record):
         if exp.evaluating(record["round"]):
             runfolder.append_metrics(self.out, record)
-        every = exp.cfg.checkpoint_every
-        if every and (exp.round % every == 0 or exp.round == exp.cfg.rounds):
+        if runfolder.should_checkpoint(exp.round, exp.cfg.checkpoint_every, exp.cfg.rounds):
             runfolder.save_checkpoint(self.out, exp.snapshot())
 
     def on_run_end(self, exp, summary):

@@ -5,11 +5,15 @@ a trainer, asks the algorithm to aggregate, and calls the round callbacks
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
+import os
 import time
 
 import numpy as np
 import torch
 
+from protofl.algorithms.base import validate_upload
 from protofl.algorithms.registry import make_algorithm
 from protofl.config import Config, resolve_defaults
 from protofl.data.registry import dataset_spec, load_dataset
@@ -24,8 +28,28 @@ from protofl.engine.schedule import (
 )
 from protofl.engine.train import ClientResult, LocalSetup, RoundContext, Trainer
 from protofl.engine.vectorized import choose_trainer
-from protofl.errors import ProtoflError
+from protofl.errors import Diverged, ProtoflError
 from protofl.models.registry import build_model
+from protofl.nested import flatten
+
+log = logging.getLogger("protofl")
+
+SMALL_MODEL = 1_000_000  # parameters: below this, one thread is fastest (no sync overhead)
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def auto_threads(model: torch.nn.Module) -> int:
+    """Torch threads for a run: 1 for small models, whose operations are too short to share
+    (more threads only spin, badly so when anything else runs); half the usable cores else."""
+    if sum(p.numel() for p in model.parameters()) < SMALL_MODEL:
+        return 1
+    return max(1, usable_cores() // 2)
 
 
 class Experiment:
@@ -42,14 +66,16 @@ class Experiment:
 
     def __init__(self, cfg: Config, *, trainer: Trainer | None = None,
                  callbacks: list[Callback] | None = None):
-        self.data = data = load_dataset(cfg.data)
+        self.data = data = load_dataset(cfg.data, lean=True)  # rows as stored (e.g. uint8)
         model_name = cfg.model.name if cfg.model.name != "auto" else (
             dataset_spec(cfg.data.name).model)
         torch.manual_seed(cfg.seed)
         model = build_model(model_name, data.input_shape, data.num_classes, cfg.model)
         self.alg = make_algorithm(cfg.algorithm, cfg.algo, model, data.num_classes)
+        threads = cfg.threads or auto_threads(self.alg.model)
+        torch.set_num_threads(threads)
         self.cfg = cfg = dataclasses.replace(
-            cfg, algorithm=self.alg.name, algo=self.alg.options(),
+            cfg, algorithm=self.alg.name, algo=self.alg.options(), threads=threads,
             data=dataclasses.replace(cfg.data, num_clients=data.num_clients,
                                      partition=cfg.data.partition or dataset_spec(
                                          cfg.data.name).partition),
@@ -101,15 +127,26 @@ class Experiment:
                            c.tolerate_partial, np_rng(cfg.seed, STRAGGLE, t))
         rc = RoundContext(self.alg, self.alg.broadcast(self.state), jobs, data,
                           self.client_states, self.setup, t)
-        results: list[ClientResult] = self.trainer.train(rc)
+        trained = self.trainer.train(rc)
+        results, rejected = self.screen(trained, t)
+        if trained and all(not math.isfinite(r.loss) for r in trained):
+            raise Diverged(f"round {t}: local training diverged on every client (training "
+                           "loss NaN/Inf); the run stopped (its run folder keeps the last "
+                           "checkpoint); lower clients.lr")
         record: dict = {"round": t, "clients": [r.client for r in results],
                         "stragglers": [j.client for j in jobs if j.straggler],
-                        "dropped": sorted(set(active.tolist()) - {j.client for j in jobs})}
+                        "dropped": sorted(set(active.tolist()) - {j.client for j in jobs}),
+                        "rejected": rejected}
         for r in results:
             if r.state:
                 self.client_states[r.client] = r.state
         if results:
             self.state, diag = self.alg.aggregate(self.state, [r.upload for r in results], t)
+            if not all(torch.isfinite(v).all() for v in flatten(self.state).values()
+                       if isinstance(v, torch.Tensor) and v.is_floating_point()):
+                raise Diverged(f"round {t}: the global model became NaN/Inf from finite "
+                               "client updates; the run stopped (its run folder keeps the last "
+                               "checkpoint); lower clients.lr")
             record.update(diag)
             record["client_loss"] = float(np.mean([r.loss for r in results]))
         for cb in self.callbacks:
@@ -123,6 +160,25 @@ class Experiment:
         if "accuracy" in record:
             self.last = record
         return record
+
+    def screen(self, results: list[ClientResult], t: int
+               ) -> tuple[list[ClientResult], list[int]]:
+        """The results fit to aggregate, and the clients left out (logged): a non-finite
+        training loss, or an upload that fails ``validate_upload`` (missing or misshapen
+        entries, NaN/Inf, negative counts)."""
+        spec = self.alg.upload_spec()
+        kept, rejected = [], []
+        for r in results:
+            try:
+                if not math.isfinite(r.loss):
+                    raise ProtoflError(f"its training loss is {r.loss}")
+                validate_upload(r.upload, spec)
+            except ProtoflError as e:
+                log.warning("round %d: client %d left out: %s", t, r.client, e)
+                rejected.append(r.client)
+                continue
+            kept.append(r)
+        return kept, rejected
 
     # ---- checkpoints ----
     def snapshot(self) -> dict:

@@ -3,10 +3,11 @@
 The server is ``protofl.engine.experiment.Experiment`` (same sampling, stragglers,
 aggregation, evaluation, AMM, run folder) given a :class:`FlowerTrainer`, which instead of
 training in process sends each job to the SuperNode holding that client's partition and turns
-the replies back into ``ClientResult``s. Every reply is checked with ``validate_upload``: a
-malformed one (missing keys, wrong shapes, NaN/Inf, negative counts) or an error reply (node
-died) is logged with the node and the problem and left out; the round goes on with the rest,
-and a round with no valid reply keeps the previous global state (``Experiment.step``).
+the replies back into ``ClientResult``s. An error reply (node died), a missing reply or an
+unreadable record is logged with the node and the problem and left out; the engine then
+checks every upload as it checks in-process ones (``Experiment.screen``: missing keys, wrong
+shapes, NaN/Inf, negative counts). The round goes on with the rest, and a round with no valid
+reply keeps the previous global state.
 
 Client-side state never reaches the server: for personalised methods each node predicts its
 own local test split with its own model and the server pools labels and predictions (the
@@ -25,9 +26,9 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from protofl.algorithms.base import validate_upload
 from protofl.api import folder_callbacks
 from protofl.config import Config
+from protofl.engine import runfolder
 from protofl.engine.callbacks import Callback, TestMetrics, metric_callbacks
 from protofl.engine.experiment import Experiment
 from protofl.engine.train import ClientResult, RoundContext
@@ -151,7 +152,6 @@ class FlowerTrainer(Callback):
             msgs.append(Message(content, dst_node_id=node, message_type="train",
                                 group_id=str(rnd)))
             sent[node] = job.client
-        spec = rc.alg.upload_spec()
         results: dict[int, ClientResult] = {}
         for reply in self._exchange(msgs, self.round_timeout):
             node = reply.metadata.src_node_id
@@ -164,7 +164,6 @@ class FlowerTrainer(Callback):
                 continue
             try:
                 upload = tree_from_records(reply.content, "upload")
-                validate_upload(upload, spec)
                 loss = float(reply.content.metric_records["metrics"]["loss"])
             except (ProtoflError, KeyError, TypeError, ValueError) as e:
                 self._reject(rnd, client, node, str(e))
@@ -179,8 +178,8 @@ class FlowerTrainer(Callback):
         self.rejected.append({"round": rnd, "client": client, "node": node, "reason": why})
 
     def after_aggregate(self, exp, record, results):
-        record["rejected"] = sorted(r["client"] for r in self.rejected
-                                    if r["round"] == record["round"])
+        lost = {r["client"] for r in self.rejected if r["round"] == record["round"]}
+        record["rejected"] = sorted(lost | set(record["rejected"]))
 
     def predictions(self, state: dict, rnd: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Each node's labels and predictions on its local test split (personalised methods:
@@ -234,20 +233,25 @@ def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout:
     # the run folder is prepared before the trainer's on_run_start logs anything into it
     exp = Experiment(cfg, trainer=trainer, callbacks=[
         *metrics, *folder_callbacks(out, overwrite=False, progress=False), trainer])
-    handler = None
-    if out is not None:
-        handler = logging.FileHandler(out / LOG_FILE, delay=True)  # opened at the first line
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
+    if exp.alg.centralized:
+        raise ProtoflError(f"flower: {exp.alg.name} trains on the pooled data of every client, "
+                           "which a federation never gathers; run it with `protofl run`")
+    if out is None:
+        exp.run()
+        return exp
+    engine_log = logging.getLogger("protofl")  # the engine's and this module's lines
+    handler = logging.FileHandler(out / LOG_FILE, delay=True)  # opened at the first line
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    engine_log.addHandler(handler)
+    engine_log.setLevel(logging.INFO)
     try:
-        summary = exp.run()
+        with runfolder.lock(out):
+            summary = exp.run()
         log.info("protofl run finished: %s", {k: summary.get(k) for k in (
             "algorithm", "dataset", "rounds", "accuracy")})
     finally:
-        if handler is not None:
-            log.removeHandler(handler)
-            handler.close()
+        engine_log.removeHandler(handler)
+        handler.close()
     return exp
 
 
