@@ -9,6 +9,7 @@ import torch
 from test_loaders_medical import write_ham, write_matek
 from test_loaders_mnist import write_mnist
 from test_loaders_voc import write_voc
+from test_loaders_voc_seg import write_voc as write_voc_seg
 
 from protofl.config import DataConfig
 from protofl.data.federated import FederatedData
@@ -40,13 +41,17 @@ def _files(name, root):
         write_matek(root / "AML-Cytomorphology_LMU")
     elif name in ("voc", "voc_macro"):
         write_voc(root)
+    elif name == "voc_seg":
+        write_voc_seg(root)
+        return {"root": str(root)}
     return {"root": str(root), "image_size": 8} if name != "mnist" else {"root": str(root)}
 
 
-@pytest.mark.parametrize("name", ["synthetic", "digits", "mnist", "ham10000", "matek19", "voc",
-                                  "voc_macro"])
+@pytest.mark.parametrize("name", ["synthetic", "digits", "shapes", "mnist", "ham10000",
+                                  "matek19", "voc", "voc_macro", "voc_seg"])
 def test_stats_of_every_kind_of_dataset(name, tmp_path):
-    extra = {} if name in ("synthetic", "digits") else _files(name, tmp_path / "data")
+    extra = {"synthetic": {}, "digits": {}, "shapes": {"image_size": 32}}.get(name)
+    extra = _files(name, tmp_path / "data") if extra is None else extra
     data = load_dataset(DataConfig(name=name, num_clients=3, **extra))
     s = write_stats(data, tmp_path / "out")
     assert json.loads((tmp_path / "out" / "stats.json").read_text()) == json.loads(
