@@ -295,7 +295,8 @@ def test_pipeline_augments_by_client_class_counts():
     x = torch.rand(400, 1, 6, 6, generator=torch.Generator().manual_seed(0)) + 0.5
     y = torch.tensor([0, 1] * 200)
     counts = torch.tensor([30, 10])  # p = 0 for class 0, 2/3 for class 1
-    out = alg.pipeline.transform(x, y, torch.Generator().manual_seed(1), counts)
+    out, same = alg.pipeline.transform(x, y, torch.Generator().manual_seed(1), counts)
+    assert same is y
     changed = (out - x).flatten(1).abs().amax(1) > 1e-6
     assert not changed[y == 0].any()
     assert abs(float(changed[y == 1].float().mean()) - 2 / 3) < 0.08

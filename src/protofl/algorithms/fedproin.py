@@ -267,6 +267,6 @@ class FedProIn(Algorithm):
 
 
 def augment_batch(x: torch.Tensor, y: torch.Tensor, gen: torch.Generator,
-                  counts: torch.Tensor, spec: AugmentSpec) -> torch.Tensor:
+                  counts: torch.Tensor, spec: AugmentSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """fedproin's adaptive augmentation of a batch (``counts``: the client's class counts)."""
-    return adaptive_augment(x, y, counts.to(torch.float32), gen, spec)
+    return adaptive_augment(x, y, counts.to(torch.float32), gen, spec), y

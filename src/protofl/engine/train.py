@@ -95,10 +95,10 @@ def prepare_client(rc: RoundContext, job: Job) -> ClientWork:
 
 
 def transformed(alg: Algorithm, work: ClientWork, x: torch.Tensor, y: torch.Tensor
-                ) -> torch.Tensor:
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch through the algorithm's pipeline transform (augmentation), if it has one."""
     if alg.pipeline.transform is None:
-        return x
+        return x, y
     return alg.pipeline.transform(x, y, work.augment_gen, work.class_counts)
 
 
@@ -129,8 +129,7 @@ def train_client(rc: RoundContext, job: Job) -> ClientResult:
     model.train()
     total = 0.0
     for idx in work.batches:
-        yb = work.y[idx]
-        xb = transformed(alg, work, work.x[idx], yb)
+        xb, yb = transformed(alg, work, work.x[idx], work.y[idx])
         loss = alg.loss(model, params, buffers, xb, yb, torch.ones(len(yb), dtype=xb.dtype),
                         work.ctx)
         opt.zero_grad(set_to_none=True)
