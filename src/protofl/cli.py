@@ -33,6 +33,11 @@ def _config(args) -> Config:
             raw[key] = getattr(args, flag)
     if getattr(args, "dataset", None):
         raw.setdefault("data", {})["name"] = args.dataset
+    if getattr(args, "log", None):
+        have = raw.get("tracking") if isinstance(raw.get("tracking"), list) else []
+        raw["tracking"] = list(dict.fromkeys([*have, *args.log]))
+    if getattr(args, "log_dir", None):
+        raw["tracking_dir"] = args.log_dir
     for s in args.set or []:
         apply_set(raw, s)
     return config_from_dict(raw)
@@ -43,11 +48,11 @@ def cmd_run(args) -> int:
 
     if args.resume:
         given = [flag for flag in ("config", "algorithm", "dataset", "seed", "set", "out",
-                                   "overwrite")
+                                   "overwrite", "log", "log_dir")
                  if getattr(args, flag) is not None and getattr(args, flag) is not False]
         if given:
             raise ProtoflError(f"--resume continues a run as it was configured; only --rounds "
-                               f"(to extend it) may be given, not --{given[0]}")
+                               f"(to extend it) may be given, not --{given[0].replace('_', '-')}")
         summary = resume_experiment(Path(args.resume), args.rounds, progress=not args.quiet)
         out = Path(args.resume)
     else:
@@ -238,6 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
     config_args(q)
     q.add_argument("--resume", metavar="DIR", help="continue a killed run from its checkpoint")
     q.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    q.add_argument("--log", action="append", choices=("tensorboard", "mlflow"),
+                   help="also log to TensorBoard (<run>/tensorboard) or MLflow (repeatable; "
+                   "config key `tracking`)")
+    q.add_argument("--log-dir", metavar="DIR", help="MLflow's store: a folder or tracking URI "
+                   "(default: mlruns; config key `tracking_dir`)")
     q.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     q.set_defaults(func=cmd_run)
 
@@ -296,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_data_fetch)
 
     q = sub.add_parser("tsne", help="t-SNE of a run's final features per class (Fig. S3)")
-    q.add_argument("dir", help="a run folder with checkpoint.pt")
+    q.add_argument("dir", help="a run folder with its checkpoint")
     q.add_argument("--samples", type=int, default=1000, help="global-test samples to embed")
     q.set_defaults(func=cmd_tsne)
     return p

@@ -46,6 +46,8 @@ class Rule:
         """The allowed values in words, e.g. ``an integer >= 1`` or ``sgd or adam``."""
         if self.choices:
             words = (["null"] if _nullable(hint) else []) + [str(c) for c in self.choices]
+            if typing.get_origin(_base(hint)) is list:
+                return "a list of: " + ", ".join(words)
             return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
         base = _base(hint)
         text = _kind(base)
@@ -66,6 +68,8 @@ class Rule:
         if value is None:
             return True
         if self.choices:
+            if isinstance(value, list):
+                return all(v in self.choices for v in value)
             return value in self.choices
         return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
                 and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
@@ -198,6 +202,20 @@ class MetricsConfig:
     train_loss_samples: int = option(20000, "training loss of the aggregate model on up to "
                                             "this many samples (0: off)", ge=0)
     eval_batch: int = option(2048, "evaluation batch size", ge=1)
+    save_weights: bool | None = option(
+        None, "keep the aggregate weights of every round in weights/round_NNNN.safetensors "
+              "(an FFD reference); null: true for central, else false", fallback=False)
+    ffd_reference: str | None = option(
+        None, "run folder of a reference run (e.g. central) that saved its weights: log "
+              "`mmd`, the client-averaged MMD² to its features, on evaluated rounds",
+        path=True)
+    ffd_probe: int = option(128, "global-test samples in the FFD probe (the same for every "
+                                 "run seed: drawn with data.seed)", ge=2)
+    ffd_estimator: str = option("biased", "MMD² estimator of FFD",
+                                choices=("biased", "unbiased"))
+    ffd_rows: int = option(2048, "at most this many feature rows per model and round "
+                                 "(per-pixel features are subsampled, the same rows for "
+                                 "every model)", ge=2)
 
 
 @dataclass
@@ -218,6 +236,12 @@ class Config:
                                        "results are bit-identical only at a fixed count",
                                  ge=1)
     callbacks: list[str] = option([], "extra round callbacks, as `module:Class` import paths")
+    tracking: list[str] = option([], "experiment trackers fed each evaluated round (needs a "
+                                     "run folder)", choices=("tensorboard", "mlflow"))
+    tracking_dir: str | None = option(
+        None, "MLflow's store: a folder (SQLite + artefacts, no server) or a tracking URI "
+              "(null: mlruns in the working folder); TensorBoard writes <run>/tensorboard",
+        path=True)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     clients: ClientConfig = field(default_factory=ClientConfig)

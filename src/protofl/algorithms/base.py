@@ -17,7 +17,8 @@ serialisable, checkpointed, and sent as Flower records as they are.
 
 An algorithm also says what the rest of protofl may know about it, so nothing outside it
 names its keys: ``upload_spec`` (every upload entry's shape, and which are counts),
-``prototypes`` (the class prototypes an upload stands for), ``global_weights`` and
+``prototypes`` (the class prototypes an upload stands for), ``client_weights`` (the model an
+upload stands for, if it holds one), ``global_weights`` and
 ``eval_weights`` (the weights the server evaluates), ``pipeline`` (how its clients batch
 their data) and ``client_defaults`` (its paper's local-training settings). Example (FedAvg,
 one round, two clients)::
@@ -231,6 +232,11 @@ class Algorithm:
         spec.update({f"buffers.{k}": UploadEntry(tuple(v.shape)) for k, v in buffers.items()})
         spec["num_samples"] = UploadEntry((), count=True)
         return spec
+
+    def client_weights(self, upload: Tensors) -> Weights | None:
+        """The weights of the model a client trained, as its upload holds them (FFD and other
+        feature analyses); None when uploads hold no weights (personalised methods)."""
+        return {"params": upload["params"], "buffers": upload["buffers"]}
 
     def prototypes(self, upload: Tensors, x: torch.Tensor, y: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor]:

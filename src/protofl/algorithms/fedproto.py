@@ -124,6 +124,9 @@ class FedProto(Algorithm):
                 "counts": UploadEntry((self.num_classes,), count=True),
                 "num_samples": UploadEntry((), count=True)}
 
+    def client_weights(self, upload):
+        return None  # clients upload prototypes only
+
     def prototypes(self, upload, x, y):
         return upload["protos"], upload["counts"]
 

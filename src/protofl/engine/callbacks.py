@@ -29,9 +29,10 @@ import numpy as np
 import torch
 
 from protofl.algorithms import prototype_math
-from protofl.engine import runfolder
+from protofl.engine import reference, runfolder
 from protofl.errors import ProtoflError
 from protofl.metrics import federated as fm
+from protofl.metrics.mmd import mean_client_mmd
 from protofl.seeding import PROBE, np_rng
 
 if TYPE_CHECKING:
@@ -143,9 +144,45 @@ class Dissimilarity(Callback):
                 exp.alg.model, weights["params"], weights["buffers"], exp.data, probe)
 
 
+class FeatureFidelity(Callback):
+    """``mmd``: on evaluated rounds, MMD² between the features of each active client's model
+    and those of the reference run's model of the same round (``metrics.ffd_reference``), on
+    a fixed probe of the global test set, averaged over the round's clients. A client's model
+    is its upload's weights (``Algorithm.client_weights``), or for personalised methods the
+    model it keeps. ``protofl compare`` turns ``mmd`` into FFD against fedavg."""
+
+    def __init__(self) -> None:
+        self.ref: reference.Reference | None = None
+        self.probe: torch.Tensor | None = None
+
+    def on_run_start(self, exp):
+        m = exp.cfg.metrics
+        if m.ffd_reference:
+            self.ref = reference.Reference(Path(m.ffd_reference), exp.cfg, exp.alg.model,
+                                           exp.data)
+            self.probe = reference.probe(exp.data, m.ffd_probe, exp.cfg.data.seed)
+
+    def after_aggregate(self, exp, record, results):
+        if self.ref is None or not results or not exp.evaluating(record["round"]):
+            return
+        alg, m = exp.alg, exp.cfg.metrics
+        models = []
+        for r in results:
+            w = alg.client_weights(r.upload)
+            if w is None:
+                w = alg.eval_weights(exp.state, exp.client_states.get(r.client, {}))
+            if w is not None:
+                models.append((w["params"], w["buffers"]))
+        if models:
+            ref = self.ref.weights(record["round"])
+            record["mmd"] = mean_client_mmd(
+                alg.model, models, (self.ref.model, ref["params"], ref["buffers"]),
+                self.probe, m.ffd_estimator, m.ffd_rows, m.eval_batch)
+
+
 def metric_callbacks() -> list[Callback]:
     """The per-round metrics every run logs (each switched by its ``metrics.*`` key)."""
-    return [Amm(), TestMetrics(), TrainLoss(), Dissimilarity()]
+    return [Amm(), TestMetrics(), TrainLoss(), Dissimilarity(), FeatureFidelity()]
 
 
 # ---- run folder and progress ----
@@ -174,6 +211,25 @@ class RunFolder(Callback):
 
     def on_run_end(self, exp, summary):
         runfolder.write_json(self.out / runfolder.SUMMARY, summary)
+
+
+class SaveWeights(Callback):
+    """With ``metrics.save_weights``, the aggregate weights of every round in
+    ``out/weights/round_NNNN.safetensors`` (a reference for FFD: ``engine/reference.py``). A
+    fresh run first removes the round files a replaced run left there. Comes after
+    :class:`RunFolder`."""
+
+    def __init__(self, out: Path):
+        self.out = Path(out)
+
+    def on_run_start(self, exp):
+        if exp.round == 0:
+            reference.clear_weights(self.out)
+
+    def on_round_end(self, exp, record):
+        if exp.cfg.metrics.save_weights:
+            reference.save_weights(reference.weights_path(self.out, record["round"]),
+                                   exp.alg.global_weights(exp.state))
 
 
 class Progress(Callback):

@@ -83,7 +83,8 @@ class Experiment:
                                      partition=cfg.data.partition or dataset_spec(
                                          cfg.data.name).partition),
             model=dataclasses.replace(cfg.model, name=model_name),
-            clients=resolve_defaults(cfg.clients, self.alg.client_defaults))
+            clients=resolve_defaults(cfg.clients, self.alg.client_defaults),
+            metrics=resolve_defaults(cfg.metrics, {"save_weights": self.alg.centralized}))
         c = cfg.clients
         if c.per_round > data.num_clients:
             raise ProtoflError(f"config: clients.per_round = {c.per_round} exceeds the "
@@ -97,6 +98,9 @@ class Experiment:
                 c, per_round=1, local_steps=budget, stragglers=0.0))
             c = cfg.clients
         self.state = self.alg.init_state(self.alg.model)
+        if cfg.metrics.save_weights and self.alg.global_weights(self.state) is None:
+            raise ProtoflError(f"config: metrics.save_weights: {self.alg.name} has no "
+                               "aggregate model to save (each client keeps its own)")
         self.client_states: dict[int, dict] = {}
         self.round = 0
         self.elapsed = 0.0
