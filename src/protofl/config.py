@@ -170,6 +170,37 @@ class MetricsConfig:
 
 
 @dataclass
+class PrivacyConfig:
+    noise_multiplier: float = option(0.0, "client-level DP: sigma, the Gaussian noise std over "
+                                          "each part's L2 bound (0: off)", ge=0)
+    clip: float = option(1.0, "C, bound on the L2 norm of a client's weights update", gt=0)
+    proto_clip: float = option(10.0, "C_p, bound on the L2 norm of each prototype row", gt=0)
+    noise: str = option("server", "who adds the noise: the server to the sum, or each client "
+                                  "its share (needs an algorithm whose server needs only sums)",
+                        choices=("server", "client"))
+    delta: float = option(1e-5, "delta of the (epsilon, delta) guarantee", gt=0, lt=1)
+    sampling: str = option("fixed", "sampling the accountant assumes: fixed-size cohorts "
+                                    "(what the engine does) or Poisson (an approximation)",
+                           choices=("fixed", "poisson"))
+    accountant: str = option("rdp", "privacy accountant (pld needs poisson)",
+                             choices=("rdp", "pld"))
+    budget: float | None = option(None, "epsilon budget (null: none)", gt=0)
+    on_budget: str = option("stop", "at the budget: stop before the round that would exceed "
+                                    "it, or warn once and go on", choices=("stop", "warn"))
+    secagg: bool = option(False, "sum the clients' uploads securely (SecAgg+ on Flower; "
+                                 "simulated sums in process); needs an algorithm whose server "
+                                 "needs only sums")
+    secagg_shares: float = option(1.0, "SecAgg+: share of the round's clients each client's "
+                                       "secrets are split among", gt=0, le=1)
+    secagg_threshold: float = option(0.5, "SecAgg+: share of those shares needed to unmask",
+                                     gt=0, le=1)
+    secagg_range: float = option(8.0, "SecAgg+: every contribution entry must lie in "
+                                      "[-range, range]; it is quantised to 2^22 levels", gt=0)
+    secagg_max_weight: float = option(1000.0, "SecAgg+ without DP: sample counts are divided "
+                                              "by this to fit the range", gt=0)
+
+
+@dataclass
 class Config:
     algorithm: str = option("fedmargin", "algorithm (see `protofl algorithms`)")
     seed: int = option(0, "model initialisation, client sampling, stragglers, batch order",
@@ -191,6 +222,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     clients: ClientConfig = field(default_factory=ClientConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     algo: dict[str, Any] = field(default_factory=dict)  # the algorithm's own options
 
     def to_dict(self) -> dict[str, Any]:

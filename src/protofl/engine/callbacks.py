@@ -79,8 +79,8 @@ class Amm(Callback):
         self.reference: torch.Tensor | None = None  # aggregate prototypes (C, d)
 
     def after_aggregate(self, exp, record, results):
-        if not exp.cfg.metrics.amm or not results:
-            return
+        if not exp.cfg.metrics.amm or not results or not exp.individual:
+            return  # (contributions to a sum hold no one client's prototypes)
         pairs = [exp.alg.prototypes(r.upload, *exp.client_inputs(r.client)) for r in results]
         protos, counts = torch.stack([p for p, _ in pairs]), torch.stack([n for _, n in pairs])
         previous = self.reference if self.reference is not None else torch.zeros_like(protos[0])
@@ -162,7 +162,8 @@ class RunFolder(Callback):
     def on_round_end(self, exp, record):
         if exp.evaluating(record["round"]):
             runfolder.append_metrics(self.out, record)
-        if runfolder.should_checkpoint(exp.round, exp.cfg.checkpoint_every, exp.cfg.rounds):
+        last = exp.round if exp.stopped else exp.cfg.rounds
+        if runfolder.should_checkpoint(exp.round, exp.cfg.checkpoint_every, last):
             runfolder.save_checkpoint(self.out, exp.snapshot())
 
     def on_run_end(self, exp, summary):

@@ -227,7 +227,9 @@ def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout:
     """Run ``cfg`` to the end on the SuperNodes of ``grid``; writes the run folder ``out``
     (config.json, metrics.jsonl, checkpoints, summary.json, plots) as the in-process engine
     does, plus ``flower.log``: the server's log lines (left-out replies, missing nodes)."""
-    trainer = FlowerTrainer(grid, round_timeout, node_wait)
+    from protofl.flower.secure import trainer_for  # privacy.secagg: SecAgg+ rounds
+
+    trainer = trainer_for(cfg, grid, round_timeout, node_wait)
     metrics = [RemoteTestMetrics(trainer) if isinstance(cb, TestMetrics) else cb
                for cb in metric_callbacks()]
     # the run folder is prepared before the trainer's on_run_start logs anything into it
