@@ -24,6 +24,7 @@ import yaml
 from protofl.errors import ProtoflError
 
 SEED_MAX = 2**32 - 1  # numpy and torch both take seeds in [0, 2^32)
+FLOAT32_MAX = 3.4028234663852886e38  # optimizer steps take their settings as float32
 
 
 @dataclass(frozen=True)
@@ -148,9 +149,10 @@ class ClientConfig:
     batch_size: int = option(10, "local batch size", ge=1)
     optimizer: str = option("sgd", "local optimizer (its state lives for one round)",
                             choices=("sgd", "adam"))
-    lr: float = option(0.01, "local learning rate", gt=0)
+    lr: float = option(0.01, "local learning rate", gt=0, le=FLOAT32_MAX)
     momentum: float = option(0.0, "SGD momentum", ge=0, lt=1)
-    weight_decay: float = option(0.0, "L2 weight decay of the local optimizer", ge=0)
+    weight_decay: float = option(0.0, "L2 weight decay of the local optimizer", ge=0,
+                                 le=FLOAT32_MAX)
     stragglers: float = option(0.0, "δ, the share of active clients doing partial work",
                                ge=0, lt=1)
     tolerate_partial: bool | None = option(
@@ -172,7 +174,7 @@ class MetricsConfig:
 @dataclass
 class PrivacyConfig:
     noise_multiplier: float = option(0.0, "client-level DP: sigma, the Gaussian noise std over "
-                                          "each part's L2 bound (0: off)", ge=0)
+                                          "each part's L2 bound (0: off)", ge=0, le=1e4)
     clip: float = option(1.0, "C, bound on the L2 norm of a client's weights update", gt=0)
     proto_clip: float = option(10.0, "C_p, bound on the L2 norm of each prototype row", gt=0)
     noise: str = option("server", "who adds the noise: the server to the sum, or each client "

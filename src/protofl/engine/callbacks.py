@@ -198,7 +198,10 @@ def load_callback(path: str) -> Callback:
         cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError, ValueError) as e:
         raise ProtoflError(f"config: callbacks: cannot import {path!r} ({e})") from None
-    cb = cls()
-    if not isinstance(cb, Callback):
+    if not (isinstance(cls, type) and issubclass(cls, Callback)):
         raise ProtoflError(f"config: callbacks: {path!r} is not a protofl Callback")
-    return cb
+    try:
+        return cls()
+    except TypeError as e:  # it needs arguments
+        raise ProtoflError(f"config: callbacks: {path!r} cannot be built with no arguments "
+                           f"({e})") from None

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("protofl")
 
+MIN_MULTIPLIER = 0.1  # a round's combined noise multiplier below this: refused
+
 
 def dp_on(cfg: Config) -> bool:
     return cfg.privacy.noise_multiplier > 0
@@ -91,6 +93,12 @@ class PrivateRounds:
         self.accountant = self.budget = None
         self.client_secret: int | None = None  # a node's own seed for its noise (Flower)
         if self.dp:
+            if self.form.multiplier() < MIN_MULTIPLIER:
+                raise ProtoflError(
+                    f"privacy.noise_multiplier = {p.noise_multiplier:g} leaves each round a "
+                    f"noise multiplier of {self.form.multiplier():.3g} (below "
+                    f"{MIN_MULTIPLIER}), where epsilon is beyond any use; raise it, or set 0 "
+                    "to turn DP off")
             self.accountant = Accountant(self.form.multiplier(), num_clients,
                                          cfg.clients.per_round, p.delta, p.sampling,
                                          p.accountant)

@@ -145,8 +145,20 @@ def _round_rdp(acc: Accountant, multiplier: float) -> Any:
     return None if curve is None else curve.copy()
 
 
+PLD_INTERVAL = 1e-3  # PLD's loss discretisation: 10x faster than 1e-4, epsilon alike to 1e-6
+
+
 @functools.lru_cache(maxsize=1024)
 def _epsilon(acc: Accountant, counts: tuple[tuple[float, int], ...]) -> float:
+    try:
+        return _compute_epsilon(acc, counts)
+    except (ArithmeticError, ValueError, MemoryError):  # noise far outside any useful range
+        raise ProtoflError(f"privacy: dp-accounting cannot account noise multipliers "
+                           f"{sorted({s for s, _ in counts})}; use one between 0.1 and "
+                           "10000") from None
+
+
+def _compute_epsilon(acc: Accountant, counts: tuple[tuple[float, int], ...]) -> float:
     dpa = _dpa()
     with _quiet_absl():
         if acc.method == "rdp":
@@ -158,7 +170,8 @@ def _epsilon(acc: Accountant, counts: tuple[tuple[float, int], ...]) -> float:
                     orders, total, acc.delta)[0])
             composer = dpa.rdp.RdpAccountant(neighboring_relation=acc._rdp_relation())
         else:
-            composer = dpa.pld.PLDAccountant(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
+            composer = dpa.pld.PLDAccountant(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                             value_discretization_interval=PLD_INTERVAL)
         for sigma, n in counts:
             composer.compose(dpa.SelfComposedDpEvent(acc.round_event(sigma), n))
         return float(composer.get_epsilon(acc.delta))
