@@ -15,11 +15,11 @@ from pathlib import Path
 import yaml
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
+from test_loaders_fuzz import MNIST, damage, damages, leaf_doc, write_leaf_split, write_mnist
 
 from protofl.algorithms.registry import ALGORITHMS
 from protofl.cli import main
 from protofl.config import Config, declared, option_rows
-from test_loaders_fuzz import MNIST, damage, damages, leaf_doc, write_leaf_split, write_mnist
 
 # PROTOFL_FUZZ_EXAMPLES=N: N random (not derandomized) examples per test, for a longer hunt
 HUNT = int(os.environ.get("PROTOFL_FUZZ_EXAMPLES", "0"))
@@ -63,8 +63,9 @@ def valid_values() -> dict[str, list[str]]:
 
 
 VALID = valid_values()
-small = st.one_of(st.integers(1, 3), st.integers(-3, 4), st.sampled_from(["0", "1e0", "2.0", "-1", "x", "", "null",
-                                                       "[1]", "{a: 1}", "true", "1.5"]))
+small = st.one_of(st.integers(1, 3), st.integers(-3, 4),
+                  st.sampled_from(["0", "1e0", "2.0", "-1", "x", "", "null", "[1]", "{a: 1}",
+                                   "true", "1.5"]))
 scalar = st.one_of(
     st.integers(-10, 10), st.integers(-2**70, 2**70),
     st.floats(allow_nan=True, allow_infinity=True, width=32).map(repr),
