@@ -25,8 +25,10 @@ from protofl.nested import flatten  # noqa: E402
 
 CLIENTS = 3
 # SecAgg+ quantises each entry of a contribution to 2^22 levels over [-8, 8] (stochastic
-# rounding): about 4e-6 per entry and client, amplified by the division by the weights' sum
-TOL = 2e-4
+# rounding, unseeded): about 4e-6 per entry and client after round 1; round 2's local
+# training from those weights amplifies it (measured: up to about 2e-4). A wrong rule (a
+# client missing, uniform instead of n_k weights) moves weights by 1e-2 and more.
+TOL = 1e-3
 
 
 def tiny(algorithm: str, privacy: dict, algo: dict | None = None, rounds: int = 2) -> Config:
@@ -45,6 +47,10 @@ CASES = {
     "fedmargin": tiny("fedmargin", SECAGG, {"scores": "client"}),
     "fedproin": tiny("fedproin", SECAGG, rounds=1),
     "dp": tiny("fedavg", {**SECAGG, "noise_multiplier": 0.5, "noise": "client"}),
+    # DP without SecAgg: the server noises raw uploads, or the ClientApps send noised shares
+    "dp_server": tiny("fedmargin", {"noise_multiplier": 0.5}, {"weights": "fair"}),
+    "dp_client": tiny("fedmargin", {"noise_multiplier": 0.5, "noise": "client"},
+                      {"scores": "client"}),
 }
 
 
@@ -92,8 +98,9 @@ def test_secagg_run_ends_with_the_plain_state(simulated, name):
     ref = plain(CASES[name])
     a, b = flatten(exp.state), flatten(ref.state)
     assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(a[k].double(), b[k].double(), rtol=0, atol=TOL)
+    gap = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+    print(f"{name}: largest difference to the plain run {gap:.2e}")
+    assert gap < TOL
     rows = [json.loads(x) for x in (simulated["root"] / name / "metrics.jsonl").read_text()
             .splitlines()]
     assert all(r["clients"] == [0, 1, 2] and r["rejected"] == [] for r in rows)
@@ -115,6 +122,20 @@ def test_secagg_with_client_noise_logs_epsilon(simulated):
     for k, v in flatten(exp.state).items():
         torch.testing.assert_close(v.double(), flatten(ref.state)[k].double(), rtol=0,
                                    atol=TOL)
+
+
+@pytest.mark.parametrize("name", ["dp_server", "dp_client"])
+def test_dp_on_flower_equals_the_dp_run_in_process(simulated, name):
+    """Seeded noise, the same clients: a DP run on Flower (no SecAgg) ends in the state of
+    the same DP run in process, and logs the same epsilon."""
+    exp = simulated[name]
+    assert exp.trainer.name == "flower"
+    ref = Experiment(CASES[name])
+    ref.run()
+    for k, v in flatten(exp.state).items():
+        torch.testing.assert_close(v, flatten(ref.state)[k], rtol=1e-5, atol=1e-5)
+    assert ref.last["epsilon"] > 0
+    assert exp.last["epsilon"] == pytest.approx(ref.last["epsilon"])
 
 
 def test_secagg_refuses_algorithms_that_need_each_upload():

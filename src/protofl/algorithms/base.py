@@ -16,10 +16,14 @@ State, contexts and uploads are nested dicts of tensors (typed below per algorit
 serialisable, checkpointed, and sent as Flower records as they are.
 
 An algorithm also says what the rest of protofl may know about it, so nothing outside it
-names its keys: ``upload_spec`` (every upload entry's shape, and which are counts),
+names its keys: ``upload_spec`` (every upload entry's shape, which are counts, and what each
+is: weights, prototypes and the counts weighing them, ... for DP and secure sums; an upload
+is at most two levels deep),
 ``prototypes`` (the class prototypes an upload stands for), ``global_weights`` and
 ``eval_weights`` (the weights the server evaluates), ``pipeline`` (how its clients batch
-their data) and ``client_defaults`` (its paper's local-training settings). Example (FedAvg,
+their data), ``client_defaults`` (its paper's local-training settings), and for client-level
+DP and secure aggregation ``client_weight`` / ``client_weight_bound`` (its aggregation weight
+per client), ``sums_reason`` and ``aggregate_private`` (docs/privacy.md). Example (FedAvg,
 one round, two clients)::
 
     alg = make_algorithm("fedavg", {}, model, num_classes=10)

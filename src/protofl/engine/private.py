@@ -80,7 +80,7 @@ class PrivateRounds:
 
     def __init__(self, cfg: Config, alg: Algorithm, num_clients: int, state: Tensors):
         p = cfg.privacy
-        self.alg, self.seed, self.delta = alg, cfg.seed, p.delta
+        self.alg, self.seed = alg, cfg.seed
         self.dp = dp_on(cfg)
         self.client_noise = self.dp and p.noise == "client"
         self.from_clients = p.secagg or self.client_noise
