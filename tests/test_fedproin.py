@@ -267,7 +267,7 @@ def test_wrap_model_is_idempotent_and_state_has_prototypes():
     assert alg.wrap_model(alg.model.backbone) is alg.model
     state = alg.init_state(alg.model)
     assert state["params"]["prototypes"].shape == (3, 3, 2)
-    assert alg.upload_spec()["influence"] == UploadEntry((3, 3), count=True)
+    assert alg.upload_spec()["influence"] == UploadEntry((3, 3), count=True, kind="counts")
 
 
 # ---- whole runs ----

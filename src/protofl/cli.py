@@ -62,8 +62,11 @@ def cmd_run(args) -> int:
         summary = run_experiment(cfg, out, overwrite=args.overwrite, progress=not args.quiet)
     figures = ", ".join(f"{k} {summary[k]:.4f}" for k in ("accuracy", "loss", "local_accuracy")
                         if isinstance(summary.get(k), float))
+    if isinstance(summary.get("epsilon"), float):
+        figures += f", epsilon {summary['epsilon']:.3g}"
+    stopped = f", stopped early: {summary['stopped']}" if summary.get("stopped") else ""
     print(f"{summary['algorithm']} on {summary['dataset']}, {summary['rounds']} rounds: "
-          f"{figures} ({summary['seconds']:.1f} s) -> {out}")
+          f"{figures} ({summary['seconds']:.1f} s{stopped}) -> {out}")
     return 0
 
 

@@ -27,6 +27,7 @@ SEED_MAX = 2**32 - 1  # numpy and torch both take seeds in [0, 2^32)
 # the datasets whose files a site of a cross-silo federation may hold (data.name: site)
 SITE_FORMATS = ("imagefolder", "medmnist", "ham10000", "matek19", "mnist", "voc", "voc_macro",
                 "hf")
+FLOAT32_MAX = 3.4028234663852886e38  # optimizer steps take their settings as float32
 
 
 @dataclass(frozen=True)
@@ -183,9 +184,10 @@ class ClientConfig:
     batch_size: int = option(10, "local batch size", ge=1)
     optimizer: str = option("sgd", "local optimizer (its state lives for one round)",
                             choices=("sgd", "adam"))
-    lr: float = option(0.01, "local learning rate", gt=0)
+    lr: float = option(0.01, "local learning rate", gt=0, le=FLOAT32_MAX)
     momentum: float = option(0.0, "SGD momentum", ge=0, lt=1)
-    weight_decay: float = option(0.0, "L2 weight decay of the local optimizer", ge=0)
+    weight_decay: float = option(0.0, "L2 weight decay of the local optimizer", ge=0,
+                                 le=FLOAT32_MAX)
     stragglers: float = option(0.0, "δ, the share of active clients doing partial work",
                                ge=0, lt=1)
     tolerate_partial: bool | None = option(
@@ -219,6 +221,37 @@ class MetricsConfig:
 
 
 @dataclass
+class PrivacyConfig:
+    noise_multiplier: float = option(0.0, "client-level DP: sigma, the Gaussian noise std over "
+                                          "each part's L2 bound (0: off)", ge=0, le=1e4)
+    clip: float = option(1.0, "C, bound on the L2 norm of a client's weights update", gt=0)
+    proto_clip: float = option(10.0, "C_p, bound on the L2 norm of each prototype row", gt=0)
+    noise: str = option("server", "who adds the noise: the server to the sum, or each client "
+                                  "its share (needs an algorithm whose server needs only sums)",
+                        choices=("server", "client"))
+    delta: float = option(1e-5, "delta of the (epsilon, delta) guarantee", gt=0, lt=1)
+    sampling: str = option("fixed", "sampling the accountant assumes: fixed-size cohorts "
+                                    "(what the engine does) or Poisson (an approximation)",
+                           choices=("fixed", "poisson"))
+    accountant: str = option("rdp", "privacy accountant (pld needs poisson)",
+                             choices=("rdp", "pld"))
+    budget: float | None = option(None, "epsilon budget (null: none)", gt=0)
+    on_budget: str = option("stop", "at the budget: stop before the round that would exceed "
+                                    "it, or warn once and go on", choices=("stop", "warn"))
+    secagg: bool = option(False, "sum the clients' uploads securely (SecAgg+ on Flower; "
+                                 "simulated sums in process); needs an algorithm whose server "
+                                 "needs only sums")
+    secagg_shares: float = option(1.0, "SecAgg+: share of the round's clients each client's "
+                                       "secrets are split among", gt=0, le=1)
+    secagg_threshold: float = option(0.5, "SecAgg+: share of those shares needed to unmask",
+                                     gt=0, le=1)
+    secagg_range: float = option(8.0, "SecAgg+: every contribution entry must lie in "
+                                      "[-range, range]; it is quantised to 2^22 levels", gt=0)
+    secagg_max_weight: float = option(1000.0, "SecAgg+ without DP: sample counts are divided "
+                                              "by this to fit the range", gt=0)
+
+
+@dataclass
 class Config:
     algorithm: str = option("fedmargin", "algorithm (see `protofl algorithms`)")
     seed: int = option(0, "model initialisation, client sampling, stragglers, batch order",
@@ -246,6 +279,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     clients: ClientConfig = field(default_factory=ClientConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     algo: dict[str, Any] = field(default_factory=dict)  # the algorithm's own options
 
     def to_dict(self) -> dict[str, Any]:

@@ -217,8 +217,11 @@ class FedProIn(Algorithm):
 
     def upload_spec(self):
         spec = super().upload_spec()
-        spec["influence"] = UploadEntry((self.num_classes, self.opts.prototypes_per_class),
-                                        count=True)
+        c, m = self.num_classes, self.opts.prototypes_per_class
+        spec["influence"] = UploadEntry((c, m), count=True, kind="counts")
+        if self.opts.nia:  # the prototypes are averaged by influence, not with the encoder
+            spec["params.prototypes"] = UploadEntry((c, m, self.model.feature_dim),
+                                                    kind="prototypes", weighed_by="influence")
         return spec
 
     # ---- client ----

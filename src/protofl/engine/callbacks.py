@@ -82,8 +82,8 @@ class Amm(Callback):
         self.reference: torch.Tensor | None = None  # aggregate prototypes (C, d)
 
     def after_aggregate(self, exp, record, results):
-        if not exp.cfg.metrics.amm or not results:
-            return
+        if not exp.cfg.metrics.amm or not results or not exp.individual:
+            return  # (contributions to a sum hold no one client's prototypes)
         pairs = [exp.alg.prototypes(r.upload, *exp.client_inputs(r.client)) for r in results]
         pairs = [(p, n) for p, n in pairs if bool((n > 0).any())]
         if not pairs:
@@ -206,7 +206,8 @@ class RunFolder(Callback):
     def on_round_end(self, exp, record):
         if exp.evaluating(record["round"]):
             runfolder.append_metrics(self.out, record)
-        if runfolder.should_checkpoint(exp.round, exp.cfg.checkpoint_every, exp.cfg.rounds):
+        last = exp.round if exp.stopped else exp.cfg.rounds
+        if runfolder.should_checkpoint(exp.round, exp.cfg.checkpoint_every, last):
             runfolder.save_checkpoint(self.out, exp.snapshot())
 
     def on_run_end(self, exp, summary):
@@ -260,7 +261,10 @@ def load_callback(path: str) -> Callback:
         cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError, ValueError) as e:
         raise ProtoflError(f"config: callbacks: cannot import {path!r} ({e})") from None
-    cb = cls()
-    if not isinstance(cb, Callback):
+    if not (isinstance(cls, type) and issubclass(cls, Callback)):
         raise ProtoflError(f"config: callbacks: {path!r} is not a protofl Callback")
-    return cb
+    try:
+        return cls()
+    except TypeError as e:  # it needs arguments
+        raise ProtoflError(f"config: callbacks: {path!r} cannot be built with no arguments "
+                           f"({e})") from None

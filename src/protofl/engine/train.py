@@ -10,6 +10,7 @@ Flower server sends the jobs to SuperNodes. Every trainer prepares and finishes 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,6 +46,8 @@ class RoundContext:
     client_states: dict[int, Tensors]  # persistent per-client state, by client
     setup: LocalSetup
     round: int
+    # what a client makes of its upload before sending it (its DP / secure-sum contribution)
+    upload_hook: Callable[[RoundContext, int, Tensors], Tensors] | None = None
 
     def client_state(self, client: int) -> Tensors:
         return self.client_states.get(client, {})
@@ -111,6 +114,8 @@ def finish_client(rc: RoundContext, work: ClientWork, params: Tensors, buffers: 
     client_state = rc.client_state(work.job.client)
     upload, state = rc.alg.client_end(model, params, buffers, rc.broadcast, work.ctx,
                                       client_state, work.x, work.y)
+    if rc.upload_hook is not None:
+        upload = rc.upload_hook(rc, work.job.client, upload)
     return ClientResult(work.job.client, upload, state, loss)
 
 

@@ -87,6 +87,10 @@ def state_key(cfg_json: str) -> str:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """One round of local training on this node's partition."""
+    from protofl.flower import secure  # privacy.*: SecAgg+ stages, client-side DP noise
+
+    if secure.is_secure(msg):
+        return secure.secure_train(msg, context)
     job = msg.content.config_records["job"]
     pid, n = partition_of(context)
     b = node_experiment(str(job["config"]), context)
@@ -99,7 +103,7 @@ def train(msg: Message, context: Context) -> Message:
     state = tree_from_records(context.state, key) if key in context.state else {}
     work = Job(client, int(job["units"]), bool(job["straggler"]))
     rc = RoundContext(b.alg, broadcast, [work], b.data, {client: state}, b.setup,
-                      int(job["round"]))
+                      int(job["round"]), secure.upload_hook(b, context))
     result = train_client(rc, work)
     if result.state:
         tree_to_records(result.state, key, context.state)

@@ -312,7 +312,9 @@ def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout:
     does, plus ``flower.log``: the server's log lines (left-out replies, missing nodes). With
     ``resume`` a run folder holding a run continues from its checkpoint (:func:`restore`); an
     empty or missing one starts the run. ``callbacks`` are added to the run's."""
-    trainer = FlowerTrainer(grid, round_timeout, node_wait)
+    from protofl.flower.secure import trainer_for  # privacy.secagg: SecAgg+ rounds
+
+    trainer = trainer_for(cfg, grid, round_timeout, node_wait)
     metrics = [RemoteTestMetrics(trainer) if isinstance(cb, TestMetrics) else cb
                for cb in metric_callbacks()]
     # the run folder is prepared before the trainer's on_run_start logs anything into it
