@@ -93,7 +93,7 @@ def child(clients: int, per_round: int, warmup: int, rounds: int, threads: int) 
         t0 = time.perf_counter()
         exp.step()
         times.append(time.perf_counter() - t0)
-    assert exp.trainer_name == "vectorized"
+    assert exp.trainer.name == "vectorized"
     return {"clients": clients, "per_round": per_round, "samples": int(d.train_sizes.sum()),
             "load_s": load_s, "times": times[warmup:],
             "median": statistics.median(times[warmup:]), "dataset": dataset,

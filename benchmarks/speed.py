@@ -1,9 +1,13 @@
-"""Per-round wall time and peak memory of one FedAvg workload trained four ways.
+"""Per-round wall time and peak memory of FedAvg workloads trained several ways, and the cost
+of the default per-round metrics on the seed's MNIST protocol.
 
     python benchmarks/speed.py            # full: 3 warm-up + 10 timed rounds per variant
-    python benchmarks/speed.py --quick    # 1 warm-up + 3 timed rounds; CNN: 5 local steps
+    python benchmarks/speed.py --quick    # 1 warm-up + 3 timed rounds; CNN: 5 local steps;
+                                          # mnist: 5 local epochs, 1 warm-up + 2 timed rounds
+    python benchmarks/speed.py --workloads mnist --mnist-epochs 20   # the seed's protocol
 
-Variants (same model, clients, local steps, batch size, SGD learning rate):
+Workloads ``mlp`` and ``cnn`` compare these variants (same model, clients, local steps, batch
+size, SGD learning rate):
 
 - ``vectorized``: protofl's vmap trainer (``engine/vectorized.py``) + FedAvg aggregation;
 - ``sequential``: protofl's reference trainer (``engine/train.py``);
@@ -15,7 +19,24 @@ Variants (same model, clients, local steps, batch size, SGD learning rate):
   local loop as ``loop``. Per-round time is measured on the server side: the strategy's
   ``evaluate_fn`` runs before round 1 and after every round, so the gaps between its calls are
   round times; Ray start-up happens before the first call and the warm-up rounds (actor
-  start-up, first imports) are dropped.
+  start-up, first imports) are dropped;
+- ``floor``: the physical limit for the round's arithmetic: one ordinary model takes, at each
+  local step, the batches of all the round's clients at once (clients x batch rows) through
+  forward, backward and an SGD step. Not a federated round (one model instead of one per
+  client), but the same FLOPs in the largest, most efficient operations.
+
+Lines ``[workload] vs OTHER: protofl X s/round, other Y s/round, ratio Z`` give OTHER's time
+over protofl's vectorized trainer's (ratio > 1: protofl is faster; ``vs floor`` is below 1).
+
+Workload ``mnist`` is the seed's MNIST protocol (``configs/mnist.yaml``: fedmargin, 1,000
+clients, 10 a round, half stragglers, 20 local epochs, batch 10, LEAF CNN) on generated 28x28
+digits written as MNIST's IDX files (``workloads.write_mnist_like``: the real files' sample
+counts, so the same power-law client sizes). Two experiments run round by round in turn, one
+with the default metrics (``workloads.MNIST_METRICS`` applied on top of the config defaults)
+and one with every ``metrics.*`` figure off (no dissimilarity, AMM or training loss; the test
+and local accuracy of the evaluation still run), and it prints
+``[mnist] metrics overhead: default X s/round, off Y s/round, ratio Z``. Both sample the same
+clients and train the same way, so the difference is the metrics.
 
 Every process uses ``--threads`` torch threads (default 1, as Ray gives each one-CPU actor):
 on a small, shared CPU, OpenMP threads that outnumber the free cores spin and can make every
@@ -42,18 +63,40 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from memory import TreeSampler, now  # noqa: E402
-from workloads import LR, VARIANTS, WORKLOADS, clients_of, local_train, workload  # noqa: E402
+from workloads import (  # noqa: E402
+    LR,
+    METRICS_OFF,
+    MNIST_METRICS,
+    VARIANTS,
+    WORKLOADS,
+    clients_of,
+    local_train,
+    mnist_experiment,
+    workload,
+    write_mnist_like,
+)
 
 QUICK_STEPS = {"cnn": 5}  # --quick: the CNN does 5 local steps instead of 20 (CPU time)
+MNIST_EPOCHS, QUICK_MNIST_EPOCHS = 20, 5  # the seed's local epochs; --quick's
 
 
 # ---- protofl ----
+def protofl_round(trainer_name: str, alg, model, state, jobs, data, setup, t: int):
+    """One round of protofl's trainer + aggregation: the only place this benchmark calls the
+    engine's training API (adapt here when that API changes)."""
+    from protofl.engine.train import RoundContext, SequentialTrainer
+    from protofl.engine.vectorized import VectorizedTrainer
+
+    trainer = VectorizedTrainer() if trainer_name == "vectorized" else SequentialTrainer()
+    results = trainer.train(RoundContext(alg, alg.broadcast(state), jobs, data, {}, setup, t))
+    return alg.aggregate(state, [r.upload for r in results], t)[0]
+
+
 def protofl_rounds(name: str, trainer_name: str) -> Iterator[float]:
     """Round times of protofl: sample all clients, train them, aggregate (no evaluation)."""
     from protofl.algorithms.registry import make_algorithm
     from protofl.engine.schedule import SAMPLE, STRAGGLE, assign_work, np_rng, sample_clients
-    from protofl.engine.train import LocalSetup, RoundContext, SequentialTrainer
-    from protofl.engine.vectorized import VectorizedTrainer
+    from protofl.engine.train import LocalSetup
 
     w = WORKLOADS[name]
     data, make_model = workload(name)
@@ -62,15 +105,37 @@ def protofl_rounds(name: str, trainer_name: str) -> Iterator[float]:
     alg = make_algorithm("fedavg", {}, model, data.num_classes)
     state = alg.init_state(model)
     setup = LocalSetup(w["batch"], True, "sgd", LR, 0.0, 0.0, seed=0)
-    trainer = VectorizedTrainer() if trainer_name == "vectorized" else SequentialTrainer()
     t = 0
     while True:
         t += 1
         start = now()
         active = sample_clients(data.train_sizes, w["clients"], "uniform", np_rng(0, SAMPLE, t))
         jobs = assign_work(active, w["steps"], 0.0, False, np_rng(0, STRAGGLE, t))
-        results = trainer.train(RoundContext(alg, alg.broadcast(state), jobs, data, {}, setup, t))
-        state, _ = alg.aggregate(state, [r.upload for r in results], t)
+        state = protofl_round(trainer_name, alg, model, state, jobs, data, setup, t)
+        yield now() - start
+
+
+def floor_rounds(name: str) -> Iterator[float]:
+    """The round's arithmetic on one ordinary model: every local step takes all clients'
+    batches at once (the physical limit; see the module docstring)."""
+    import torch.nn.functional as F
+
+    w = WORKLOADS[name]
+    data, make_model = workload(name)
+    torch.manual_seed(0)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    gen = torch.Generator().manual_seed(0)
+    rows = w["clients"] * w["batch"]
+    model.train()
+    while True:
+        start = now()
+        for _ in range(w["steps"]):
+            idx = torch.randint(0, len(data.y_train), (rows,), generator=gen)
+            opt.zero_grad()
+            _, logits = model(data.x_train[idx])
+            F.cross_entropy(logits, data.y_train[idx]).backward()
+            opt.step()
         yield now() - start
 
 
@@ -152,6 +217,26 @@ def flower_rounds(name: str, rounds: int) -> list[float]:
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
+def mnist_rounds(epochs: int, total: int) -> dict[str, list[float]]:
+    """Round times (training + metrics) of the MNIST protocol with the default metrics and
+    with every metric off, one round of each in turn; wall times, and CPU times (``-cpu``)."""
+    import tempfile
+    import time
+
+    with tempfile.TemporaryDirectory() as root:
+        write_mnist_like(root)
+        exps = {"default": mnist_experiment(root, epochs, total, metrics=MNIST_METRICS),
+                "off": mnist_experiment(root, epochs, total, metrics=METRICS_OFF)}
+        times: dict[str, list[float]] = {k: [] for v in exps for k in (v, v + "-cpu")}
+        for _ in range(total):
+            for v, exp in exps.items():
+                start, cpu = now(), time.process_time()
+                exp.step()
+                times[v].append(now() - start)
+                times[v + "-cpu"].append(time.process_time() - cpu)
+    return times
+
+
 def child(variant: str, name: str, warmup: int, rounds: int, threads: int) -> dict:
     """Round times of one variant, or of several in-process ones (``a+b+c``) run round by
     round in turn, so that a change in the machine's load hits them alike."""
@@ -160,8 +245,11 @@ def child(variant: str, name: str, warmup: int, rounds: int, threads: int) -> di
     with TreeSampler() as mem:
         if variant == "flower":
             times = {variant: flower_rounds(name, total)}
+        elif name == "mnist":
+            times = mnist_rounds(WORKLOADS["mnist"]["steps"], total)
         else:
-            runs = {v: protofl_rounds(name, v) if v != "loop" else loop_rounds(name)
+            make = {"loop": loop_rounds, "floor": floor_rounds}
+            runs = {v: make[v](name) if v in make else protofl_rounds(name, v)
                     for v in variant.split("+")}
             times = {v: [] for v in runs}
             for _ in range(total):
@@ -194,7 +282,7 @@ def run_child(variant: str, name: str, warmup: int, rounds: int, threads: int,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 warm-up + 3 timed rounds")
-    ap.add_argument("--workloads", default="mlp,cnn")
+    ap.add_argument("--workloads", default="mlp,cnn,mnist")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=None)
@@ -202,10 +290,16 @@ def main() -> None:
                     help="torch threads per process (default 1: see the module docstring)")
     ap.add_argument("--steps", type=int, default=None,
                     help="local steps per client (default: the workload's; --quick: 5 for cnn)")
+    ap.add_argument("--mnist-epochs", type=int, default=None,
+                    help=f"mnist: local epochs (default {MNIST_EPOCHS}; --quick: "
+                         f"{QUICK_MNIST_EPOCHS})")
     ap.add_argument("--child", nargs=2, metavar=("VARIANT", "WORKLOAD"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     warmup = a.warmup if a.warmup is not None else (1 if a.quick else 3)
     rounds = a.rounds if a.rounds is not None else (3 if a.quick else 10)
+    WORKLOADS["mnist"] = {"title": "seed's MNIST protocol, generated 28x28 digits",
+                          "steps": a.mnist_epochs or (QUICK_MNIST_EPOCHS if a.quick
+                                                      else MNIST_EPOCHS)}
     if a.child:
         WORKLOADS[a.child[1]]["steps"] = a.steps
         print(json.dumps(child(*a.child, warmup, rounds, a.threads)), flush=True)
@@ -213,6 +307,10 @@ def main() -> None:
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, torch threads {a.threads} per "
           f"process; {warmup} warm-up + {rounds} timed rounds; medians")
     for name in a.workloads.split(","):
+        if name == "mnist":
+            mnist_report(a, a.warmup if a.warmup is not None else 1,
+                         a.rounds if a.rounds is not None else (2 if a.quick else 5))
+            continue
         w = WORKLOADS[name]
         w["steps"] = a.steps or (QUICK_STEPS.get(name, w["steps"]) if a.quick else w["steps"])
         print(f"\n== {w['title']}: {w['clients']} active clients x {w['steps']} local steps of "
@@ -246,12 +344,32 @@ def main() -> None:
         ours = res.get("vectorized")
         if not ours or "error" in ours:
             continue
-        for v, label in (("flower", "flower"), ("loop", "loop"), ("sequential", "sequential")):
+        for v, label in (("flower", "flower"), ("loop", "loop"), ("sequential", "sequential"),
+                         ("floor", "floor")):
             other = res.get(v)
             if other and "error" not in other:
                 ratio = other["median"] / ours["median"]
                 print(f"[{name}] vs {label}: protofl {ours['median']:.4f} s/round, other "
-                      f"{other['median']:.4f} s/round, ratio {ratio:.1f}")
+                      f"{other['median']:.4f} s/round, ratio {ratio:.2f}")
+
+
+def mnist_report(a: argparse.Namespace, warmup: int, rounds: int) -> None:
+    epochs = WORKLOADS["mnist"]["steps"]
+    print(f"\n== {WORKLOADS['mnist']['title']}: fedmargin, 10 of 1,000 clients, {epochs} local "
+          f"epochs of batch 10; {warmup} warm-up + {rounds} timed rounds; means")
+    print(f"default metrics: the config's, with {MNIST_METRICS}; off: {METRICS_OFF}")
+    r = run_child("default+off", "mnist", warmup, rounds, a.threads, timeout=3600, steps=epochs)
+    if "error" in r:
+        print(f"[mnist] FAILED ({r['error']})", flush=True)
+        return
+    mean = {v: statistics.fmean(t) for v, t in r["times"].items()}
+    for v, t in r["times"].items():
+        print(f"{v:>11}: {mean[v]:.3f} s/round (min {min(t):.3f}, max {max(t):.3f})")
+    print(f"peak RSS {r['peak_rss'] / 2**20:.0f} MiB (both experiments)")
+    print(f"[mnist] metrics overhead (CPU time): default {mean['default-cpu']:.3f} s/round, off "
+          f"{mean['off-cpu']:.3f} s/round, ratio {mean['default-cpu'] / mean['off-cpu']:.2f}")
+    print(f"[mnist] metrics overhead: default {mean['default']:.3f} s/round, off "
+          f"{mean['off']:.3f} s/round, ratio {mean['default'] / mean['off']:.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ def _strip(rows):
 def test_run_writes_a_run_folder(tmp_path):
     out = tmp_path / "run"
     assert main(["run", "-q", "--out", str(out), *TINY]) == 0
-    for name in ("config.json", "metrics.jsonl", "summary.json", "checkpoint.pt",
-                 "curves.png", "confusion.png"):
+    for name in ("config.json", "metrics.jsonl", "summary.json", "checkpoint.safetensors",
+                 "curves.png", "confusion.png", "stats.json", "stats.png"):
         assert (out / name).exists(), name
     rows = read_metrics(out)
     assert [r["round"] for r in rows] == [1, 2, 3]
@@ -28,6 +28,8 @@ def test_run_writes_a_run_folder(tmp_path):
                 "train_loss", "dissimilarity"):
         assert key in rows[-1]
     assert json.loads((out / "config.json").read_text())["algorithm"] == "fedmargin"
+    assert json.loads((out / "stats.json").read_text())["clients"] == 6
+    assert not (out / "weights").exists()  # fedmargin keeps no per-round weights by default
 
 
 def test_same_seed_same_numbers(tmp_path):

@@ -328,7 +328,7 @@ def test_wrap_model_is_idempotent_and_state_has_prototypes():
     assert alg.wrap_model(alg.model.backbone) is alg.model
     state = alg.init_state(alg.model)
     assert state["params"]["prototypes"].shape == (3, 3, 2)
-    assert alg.upload_spec()["influence"] == UploadEntry((3, 3), count=True)
+    assert alg.upload_spec()["influence"] == UploadEntry((3, 3), count=True, kind="counts")
 
 
 # ---- whole runs ----
@@ -356,7 +356,8 @@ def test_pipeline_augments_by_client_class_counts():
     x = torch.rand(400, 1, 6, 6, generator=torch.Generator().manual_seed(0)) + 0.5
     y = torch.tensor([0, 1] * 200)
     counts = torch.tensor([30, 10])  # p = 0 for class 0, 2/3 for class 1
-    out = alg.pipeline.transform(x, y, torch.Generator().manual_seed(1), counts)
+    out, same = alg.pipeline.transform(x, y, torch.Generator().manual_seed(1), counts)
+    assert same is y
     changed = (out - x).flatten(1).abs().amax(1) > 1e-6
     assert not changed[y == 0].any()
     assert abs(float(changed[y == 1].float().mean()) - 2 / 3) < 0.08

@@ -9,7 +9,8 @@ from protofl.config import config_from_dict, load_raw
 from protofl.data.registry import DATASETS
 from protofl.models.registry import MODELS
 
-DOCUMENTED = {"mnist", "femnist", "celeba", "ham10000", "matek19"}  # say what data.root holds
+# these say what data.root holds
+DOCUMENTED = {"mnist", "femnist", "celeba", "ham10000", "matek19", "voc", "voc_macro"}
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.y*ml"))
 
 

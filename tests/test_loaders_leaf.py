@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from protofl.config import DataConfig
@@ -135,7 +136,8 @@ def test_celeba_images_and_labels(tmp_path):
     im = Image.open(img_dir / names[5]).convert("RGB")
     ref = np.asarray(im.resize((16, 16), Image.Resampling.BILINEAR), np.float32) / 255.0
     ref = ref.transpose(2, 0, 1)
-    np.testing.assert_allclose(data.x_test[0].numpy(), ref, atol=1e-6)
+    assert data.x_test.dtype == torch.uint8
+    assert torch.equal(data.inputs(data.x_test[:1])[0], torch.from_numpy(ref))
     # a corrupt image names its file
     (img_dir / names[4]).write_bytes(b"not a jpeg")
     with pytest.raises(ProtoflError, match=names[4]):

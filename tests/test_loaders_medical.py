@@ -4,6 +4,7 @@ import csv
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from protofl.config import DataConfig
@@ -65,6 +66,8 @@ def test_ham10000_lesion_split_and_shapes(tmp_path):
 
     def lesions(x, y):
         out = set()
+        assert x.dtype == torch.uint8
+        x = data.inputs(x)
         for xi, yi in zip(x.reshape(len(x), -1).numpy(), y.tolist()):
             j = int(np.argmin(np.abs(refs - xi).sum(1)))
             assert np.allclose(refs[j], xi) and HAM_CLASSES.index(rows[j]["dx"]) == yi
@@ -156,7 +159,8 @@ def test_medmnist(tmp_path, rgb):
     assert data.num_classes == 4 and data.input_shape == (c, 28, 28)
     want = arrays["test_images"].astype(np.float32) / 255.0
     want = want.transpose(0, 3, 1, 2) if rgb else want[:, None]
-    np.testing.assert_allclose(data.x_test.numpy(), want)
+    assert data.x_test.dtype == torch.uint8
+    assert torch.equal(data.inputs(data.x_test), torch.from_numpy(want))  # the float path's
     assert data.train_sizes.sum() + len(data.x_local_test) == 40
     small = medmnist_federation(DataConfig(name="medmnist", root=str(tmp_path / "dermamnist.npz"),
                                            num_clients=3, image_size=16, max_samples=20))

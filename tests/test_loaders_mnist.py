@@ -5,6 +5,7 @@ import struct
 
 import numpy as np
 import pytest
+import torch
 
 from protofl.cli import main
 from protofl.config import DataConfig
@@ -51,10 +52,11 @@ def test_mnist_federation_shapes_and_split(tmp_path):
     data = mnist_federation(DataConfig(name="mnist", root=str(tmp_path), num_clients=6))
     assert data.num_clients == 6 and data.num_classes == 10
     assert data.x_train.shape[1:] == (1, 28, 28)
-    assert 0.0 <= float(data.x_train.min()) and float(data.x_train.max()) <= 1.0
-    # global test = the t10k files, scaled by 1/255
-    np.testing.assert_allclose(data.x_test[:, 0].numpy(),
-                               arrays["t10k-images-idx3-ubyte"] / 255.0, rtol=1e-6)
+    assert data.x_train.dtype == torch.uint8 and data.scale == 255.0  # stored as the source
+    # global test = the t10k files; model inputs are exactly the old float32 path's x / 255
+    np.testing.assert_array_equal(data.x_test[:, 0].numpy(), arrays["t10k-images-idx3-ubyte"])
+    want = arrays["t10k-images-idx3-ubyte"].astype(np.uint8).astype(np.float32) / 255.0
+    assert torch.equal(data.inputs(data.x_test)[:, 0], torch.from_numpy(want))
     np.testing.assert_array_equal(data.y_test.numpy(), np.arange(30) % 10)
     # two digits per client (train and local test together)
     for k in range(6):
@@ -63,6 +65,7 @@ def test_mnist_federation_shapes_and_split(tmp_path):
     # every pixel row of a client is a row of the training file with its label
     x_all = arrays["train-images-idx3-ubyte"].reshape(120, -1) / 255.0
     x0, y0 = data.client_train(0)
+    x0 = data.inputs(x0)
     for xi, yi in zip(x0.reshape(len(x0), -1).numpy(), y0.tolist()):
         j = int(np.argmin(np.abs(x_all - xi).sum(1)))
         assert np.allclose(x_all[j], xi, atol=1e-6) and j % 10 == yi

@@ -36,7 +36,7 @@ def test_gradient_dissimilarity_against_autograd_loop():
     model = Mlp(60, 10, hidden=(8,))
     params, buffers = split_state(model)
     clients = np.arange(4)
-    got = gradient_dissimilarity(model, params, buffers, data, clients)
+    got = gradient_dissimilarity(model, params, buffers, data, clients, max_per_client=2000)
     grads, sizes = [], []
     for k in clients:
         model.zero_grad()
@@ -69,3 +69,124 @@ def test_client_figures_by_hand():
     assert client_figures({}, 3, pooled=True) == {"clients_evaluated": 0}
     pooled = client_figures(preds, 3, pooled=True)
     assert pooled["accuracy"] == pytest.approx(4 / 6) and pooled["local_accuracy"] == 0.75
+
+
+def test_zero_sample_sizes_mean_off():
+    """``metrics.train_loss_samples: 0`` (and every other size set to 0) switches the metric
+    off instead of failing inside torch.cat."""
+    from protofl.api import run_experiment
+    from protofl.config import config_from_dict
+
+    cfg = config_from_dict({"rounds": 1, "checkpoint_every": 0,
+                            "data": {"name": "digits", "num_clients": 4},
+                            "clients": {"per_round": 2, "local_steps": 1},
+                            "metrics": {"train_loss_samples": 0, "dissimilarity_clients": 0}})
+    summary = run_experiment(cfg)
+    assert summary.get("train_loss") is None and summary.get("dissimilarity") is None
+    assert "accuracy" in summary
+
+
+def _loop_dissimilarity(model, params, buffers, data, clients, max_per_client):
+    """The pre-vectorization implementation: one torch.func.grad call per client."""
+    from torch.func import functional_call, grad
+
+    def client_loss(p, x, y):
+        return F.cross_entropy(functional_call(model, {**p, **buffers}, (x,))[1], y)
+
+    flat, sizes = [], []
+    for k in clients.tolist():
+        x, y = data.client_train(k)
+        gk = grad(client_loss)(params, x[:max_per_client], y[:max_per_client])
+        flat.append(torch.cat([v.reshape(-1) for v in gk.values()]).double())
+        sizes.append(float(len(data.client_train(k)[1])))
+    gs, w = torch.stack(flat), torch.tensor(sizes, dtype=torch.float64)
+    mean = (w.unsqueeze(1) * gs).sum(0) / w.sum()
+    return float(((gs - mean) ** 2).sum(1).mean())
+
+
+@pytest.mark.parametrize("conv", [False, True])
+def test_vectorized_dissimilarity_equals_the_loop_in_float64(conv):
+    from protofl.data.federated import from_client_lists
+    from protofl.metrics.federated import client_gradients
+    from protofl.models.nets import ConvNet
+
+    g = torch.Generator().manual_seed(0)
+    sizes = [3, 17, 9, 40, 1, 12, 25]  # unequal: padded groups, a one-row client
+    shape = (1, 6, 6) if conv else (5,)
+    xs = [torch.randn(n, *shape, generator=g, dtype=torch.float64) for n in sizes]
+    ys = [torch.randint(0, 3, (n,), generator=g) for n in sizes]
+    data = from_client_lists("t", 3, xs, ys, local_test_fraction=0.0)
+    torch.manual_seed(1)
+    model = (ConvNet(shape, 3, (2,), 3, 4) if conv else Mlp(5, 3, hidden=(6,))).double()
+    params, buffers = split_state(model)
+    clients = np.array([0, 1, 3, 4, 5, 6])
+    want = _loop_dissimilarity(model, params, buffers, data, clients, 20)
+    for chunk in (1, 30, 10_000):  # one client a group ... all in one group
+        got = gradient_dissimilarity(model, params, buffers, data, clients, max_per_client=20,
+                                     chunk_rows=chunk)
+        assert abs(got - want) <= 1e-10 * max(1.0, abs(want))
+    gs = client_gradients(model, params, buffers, [xs[0], xs[3]], [ys[0], ys[3]], chunk_rows=64)
+    model.zero_grad()
+    F.cross_entropy(model(xs[3])[1], ys[3]).backward()
+    assert torch.allclose(gs[1], torch.cat([p.grad.reshape(-1) for p in model.parameters()]),
+                          atol=1e-12)
+
+
+def test_batched_local_accuracy_equals_per_client_scoring():
+    from protofl.algorithms.registry import make_algorithm
+    from protofl.metrics.federated import client_predictions, scores
+
+    data = synthetic_federation(num_clients=6, seed=3)
+    torch.manual_seed(0)
+    model = Mlp(60, 10, hidden=(8,)).double()
+    data.x_local_test = data.x_local_test.double()
+    alg = make_algorithm("fedavg", {}, model, 10)
+    state = alg.init_state(model)
+    got = client_predictions(alg, model, state, data, {}, batch=7)
+    assert sorted(got) == list(range(6))
+    for k in range(6):
+        x, y = data.client_test(k)
+        want = scores(alg, model, state["params"], state["buffers"], state, x, 2048).argmax(1)
+        assert torch.equal(got[k][0], y) and torch.equal(got[k][1], want)
+    some = client_predictions(alg, model, state, data, {}, batch=7, clients=[4, 1])
+    assert sorted(some) == [1, 4] and torch.equal(some[4][1], got[4][1])
+
+
+def test_personalised_clients_use_their_own_models():
+    from protofl.algorithms.registry import make_algorithm
+    from protofl.metrics.federated import client_predictions
+
+    data = synthetic_federation(num_clients=4, seed=3)
+    torch.manual_seed(0)
+    model = Mlp(60, 10, hidden=(8,))
+    alg = make_algorithm("fedproto", {}, model, 10)
+    assert alg.personalized
+    params, buffers = split_state(model)
+    zero = {k: torch.zeros_like(v) for k, v in params.items()}
+    state = alg.init_state(model)
+    got = client_predictions(alg, model, state, data, {2: {"params": zero, "buffers": buffers}})
+    assert list(got) == [0, 1, 2, 3]  # every client is scored
+    assert (got[2][1] == got[2][1][0]).all()  # its own all-zero model: one class
+    # a client that has not trained yet: the model it would start from (the initial one)
+    x, _ = data.client_test(0)
+    want = alg.predict(model, state["init"]["params"], state["init"]["buffers"], state,
+                       data.inputs(x)).argmax(1)
+    assert torch.equal(got[0][1], want)
+
+
+def test_sizes_of_zero_switch_figures_off():
+    from protofl.algorithms.registry import make_algorithm
+    from protofl.metrics.federated import expensive_due, train_loss
+
+    data = synthetic_federation(num_clients=3, seed=0)
+    model = Mlp(60, 10, hidden=(8,))
+    alg = make_algorithm("fedavg", {}, model, 10)
+    state = alg.init_state(model)
+    assert train_loss(alg, model, state, data, 0, seed=0) is None
+    assert train_loss(alg, model, state, data, 5, seed=0) > 0
+    params, buffers = split_state(model)
+    assert gradient_dissimilarity(model, params, buffers, data, np.arange(3), 0) is None
+    assert gradient_dissimilarity(model, params, buffers, data, np.arange(0)) is None
+    assert [expensive_due(t, 3, 10) for t in range(1, 11)] == [
+        False, False, True, False, False, True, False, False, True, True]
+    assert not any(expensive_due(t, 0, 10) for t in range(1, 11))

@@ -33,6 +33,11 @@ def _config(args) -> Config:
             raw[key] = getattr(args, flag)
     if getattr(args, "dataset", None):
         raw.setdefault("data", {})["name"] = args.dataset
+    if getattr(args, "log", None):
+        have = raw.get("tracking") if isinstance(raw.get("tracking"), list) else []
+        raw["tracking"] = list(dict.fromkeys([*have, *args.log]))
+    if getattr(args, "log_dir", None):
+        raw["tracking_dir"] = args.log_dir
     for s in args.set or []:
         apply_set(raw, s)
     return config_from_dict(raw)
@@ -42,7 +47,13 @@ def cmd_run(args) -> int:
     from protofl.api import resume_experiment, run_experiment
 
     if args.resume:
-        summary = resume_experiment(Path(args.resume), progress=not args.quiet)
+        given = [flag for flag in ("config", "algorithm", "dataset", "seed", "set", "out",
+                                   "overwrite", "log", "log_dir")
+                 if getattr(args, flag) is not None and getattr(args, flag) is not False]
+        if given:
+            raise ProtoflError(f"--resume continues a run as it was configured; only --rounds "
+                               f"(to extend it) may be given, not --{given[0].replace('_', '-')}")
+        summary = resume_experiment(Path(args.resume), args.rounds, progress=not args.quiet)
         out = Path(args.resume)
     else:
         cfg = _config(args)
@@ -51,8 +62,11 @@ def cmd_run(args) -> int:
         summary = run_experiment(cfg, out, overwrite=args.overwrite, progress=not args.quiet)
     figures = ", ".join(f"{k} {summary[k]:.4f}" for k in ("accuracy", "loss", "local_accuracy")
                         if isinstance(summary.get(k), float))
+    if isinstance(summary.get("epsilon"), float):
+        figures += f", epsilon {summary['epsilon']:.3g}"
+    stopped = f", stopped early: {summary['stopped']}" if summary.get("stopped") else ""
     print(f"{summary['algorithm']} on {summary['dataset']}, {summary['rounds']} rounds: "
-          f"{figures} ({summary['seconds']:.1f} s) -> {out}")
+          f"{figures} ({summary['seconds']:.1f} s{stopped}) -> {out}")
     return 0
 
 
@@ -152,6 +166,7 @@ def cmd_datasets(args) -> int:
 
     for name, spec in DATASETS.items():
         where = "built in" if not spec.needs_files else "needs data.root"
+        where = "files on the Flower sites" if name == "site" else where
         print(f"{name:10s} {spec.description} [{where}; model {spec.model}]")
     return 0
 
@@ -220,6 +235,22 @@ def _options_epilog() -> str:
     return "\n".join(lines)
 
 
+def cmd_data_list(args) -> int:
+    from protofl.data.fetch import list_sources
+
+    print("\n".join(list_sources(args.root)))
+    return 0
+
+
+def cmd_data_fetch(args) -> int:
+    from protofl.data.fetch import fetch, source
+
+    root = fetch(args.name, args.root, progress=not args.quiet)
+    print(f"{args.name}: ready in {root}")
+    print(f"use: --set data.name={source(args.name).dataset} --set data.root={root}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="protofl", description="Prototype-guided federated learning. " + NAMES_NOTE)
     p.add_argument("-v", "--verbose", action="store_true", help="log more")
@@ -242,6 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
     config_args(q)
     q.add_argument("--resume", metavar="DIR", help="continue a killed run from its checkpoint")
     q.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    q.add_argument("--log", action="append", choices=("tensorboard", "mlflow"),
+                   help="also log to TensorBoard (<run>/tensorboard) or MLflow (repeatable; "
+                   "config key `tracking`)")
+    q.add_argument("--log-dir", metavar="DIR", help="MLflow's store: a folder or tracking URI "
+                   "(default: mlruns; config key `tracking_dir`)")
     q.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     q.set_defaults(func=cmd_run)
 
@@ -290,8 +326,20 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", help="folder for stats.json and stats.png")
     q.set_defaults(func=cmd_stats)
 
+    q = sub.add_parser("data", help="list or download the real datasets (checksum-verified)")
+    dsub = q.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    r = dsub.add_parser("list", help="the datasets 'data fetch' can get, with their sizes")
+    r.add_argument("--root", help="where fetched data lives (default: $PROTOFL_DATA or ./data)")
+    r.set_defaults(func=cmd_data_list)
+    r = dsub.add_parser("fetch", help="download, verify and unpack one dataset; prints the "
+                        "data.root to use")
+    r.add_argument("name", help="a name from 'protofl data list'")
+    r.add_argument("--root", help="parent folder (default: $PROTOFL_DATA or ./data)")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    r.set_defaults(func=cmd_data_fetch)
+
     q = sub.add_parser("tsne", help="t-SNE of a run's final features per class (Fig. S3)")
-    q.add_argument("dir", help="a run folder with checkpoint.pt")
+    q.add_argument("dir", help="a run folder with its checkpoint")
     q.add_argument("--samples", type=int, default=1000, help="global-test samples to embed")
     q.set_defaults(func=cmd_tsne)
     return p
@@ -305,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ProtoflError as e:
         print(f"protofl: error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
     except KeyboardInterrupt:
         print("protofl: interrupted", file=sys.stderr)
         return 130

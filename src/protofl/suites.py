@@ -3,7 +3,9 @@
 Each suite is a list of (dataset label, base config) and a list of (run label, overrides);
 every combination runs once per seed into ``OUT/<dataset>/<run>/seed<N>``, finished runs are
 skipped (a killed suite resumes by running it again), and a comparison table and curves are
-written at the end.
+written at the end. A suite with ``ffd`` also runs the centralized baseline per dataset and
+seed (``OUT/<dataset>/central/seed<N>``, before the others) as the reference model of the
+FFD metric, which every other run then logs (``mmd``; the table's FFD against fedavg).
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ FEDPROIN_DIGITS = {
 OWN_OPTIMIZER = {"optimizer": None, "lr": None}  # null: the algorithm's paper setting
 
 
+# the FFD reference of a suite: the centralized baseline (sequential: one client, no vmap)
+CENTRAL = {"algorithm": "central", "trainer": "sequential"}
+
+
 @dataclass
 class Suite:
     description: str
@@ -49,14 +55,17 @@ class Suite:
     runs: dict[str, dict[str, Any]]
     seeds: tuple[int, ...] = (0, 1, 2)
     extra: list[str] = field(default_factory=list)
+    ffd: bool = False  # a central reference per dataset and seed; FFD logged by every run
 
 
 SUITES: dict[str, Suite] = {
     "main": Suite(
-        "fedavg, fedprox, fedatt and fedmargin on Synthetic(1,1) and non-IID digits, 3 seeds",
+        "fedavg, fedprox, fedatt and fedmargin on Synthetic(1,1) and non-IID digits, 3 seeds, "
+        "with FFD against a central model",
         {"synthetic": SYNTHETIC, "digits-noniid": DIGITS_NONIID},
         {"fedavg": {"algorithm": "fedavg"}, "fedprox": {"algorithm": "fedprox"},
          "fedatt": {"algorithm": "fedatt"}, "fedmargin": {"algorithm": "fedmargin"}},
+        ffd=True,
     ),
     "fedmargin-options": Suite(
         "fedmargin's reconstruction alternatives (docs/algorithms.md) on the main job's data, "
@@ -109,13 +118,12 @@ SUITES: dict[str, Suite] = {
 
 def _one(args: tuple[dict, str, bool]) -> str:
     raw, out, progress = args
-    import torch
-
     from protofl.api import run_experiment
     from protofl.config import config_from_dict
 
-    torch.set_num_threads(1)
-    run_experiment(config_from_dict(raw), Path(out), overwrite=True, progress=progress)
+    # one thread per worker process (the pool already uses every core)
+    run_experiment(config_from_dict({"threads": 1, **raw}), Path(out), overwrite=True,
+                   progress=progress)
     return out
 
 
@@ -130,11 +138,26 @@ def plan(name: str, out: Path, seeds: tuple[int, ...] | None = None,
     suite = SUITES[name]
     jobs = []
     for ds, base in suite.datasets.items():
+        for seed in seeds or suite.seeds:
+            if suite.ffd:  # first, so that it runs before the runs that read it
+                raw = merge(merge(base, CENTRAL), {"seed": seed, **(overrides or {})})
+                jobs.append((raw, str(out / ds / "central" / f"seed{seed}")))
         for label, over in suite.runs.items():
             for seed in seeds or suite.seeds:
                 raw = merge(merge(base, over), {"seed": seed, **(overrides or {})})
+                if suite.ffd:
+                    ref = (out / ds / "central" / f"seed{seed}").resolve()
+                    raw = merge(raw, {"metrics": {"ffd_reference": str(ref)}})
                 jobs.append((raw, str(out / ds / label / f"seed{seed}")))
     return jobs
+
+
+def phases(jobs: list[tuple[dict, str]]) -> list[list[tuple[dict, str]]]:
+    """The jobs that other jobs read as their FFD reference, then the others."""
+    refs = {Path(raw["metrics"]["ffd_reference"]).resolve() for raw, _ in jobs
+            if raw.get("metrics", {}).get("ffd_reference")}
+    first = [j for j in jobs if Path(j[1]).resolve() in refs]
+    return [p for p in (first, [j for j in jobs if j not in first]) if p]
 
 
 def run_suite(name: str, out: Path, jobs: int | None = None, seeds: tuple[int, ...] | None = None,
@@ -162,8 +185,9 @@ def run_suite(name: str, out: Path, jobs: int | None = None, seeds: tuple[int, .
                 bar.update(1)
         else:
             with get_context("spawn").Pool(jobs) as pool:
-                for _ in pool.imap_unordered(_one, [(r, f, False) for r, f in todo]):
-                    bar.update(1)
+                for phase in phases(todo):  # FFD references before the runs that read them
+                    for _ in pool.imap_unordered(_one, [(r, f, False) for r, f in phase]):
+                        bar.update(1)
     text = compare([Path(f) for _, f in work], out / "table.md", overwrite=True)
     write_html(sections([out]), out / "report.html", overwrite=True,
                title=f"protofl suite {name}")

@@ -56,6 +56,7 @@ class FedAtt(Algorithm):
     name = "fedatt"
     description = "FedAtt (Ji et al.): per-layer softmax attention over ||w - w_k||, step epsilon"
     Options = AttOptions
+    needs_individual = "its attention is a softmax over each client's distance to the model"
 
     def aggregate(self, state, uploads, round):
         new, diag = super().aggregate(state, uploads, round)  # buffers (if any) by FedAvg

@@ -231,8 +231,11 @@ class FedProIn(Algorithm):
 
     def upload_spec(self):
         spec = super().upload_spec()
-        spec["influence"] = UploadEntry((self.num_classes, self.opts.prototypes_per_class),
-                                        count=True)
+        c, m = self.num_classes, self.opts.prototypes_per_class
+        spec["influence"] = UploadEntry((c, m), count=True, kind="counts")
+        if self.opts.nia:  # the prototypes are averaged by influence, not with the encoder
+            spec["params.prototypes"] = UploadEntry((c, m, self.model.feature_dim),
+                                                    kind="prototypes", weighed_by="influence")
         return spec
 
     # ---- client ----
@@ -306,6 +309,6 @@ class FedProIn(Algorithm):
 
 
 def augment_batch(x: torch.Tensor, y: torch.Tensor, gen: torch.Generator,
-                  counts: torch.Tensor, spec: AugmentSpec) -> torch.Tensor:
+                  counts: torch.Tensor, spec: AugmentSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """fedproin's adaptive augmentation of a batch (``counts``: the client's class counts)."""
-    return adaptive_augment(x, y, counts.to(torch.float32), gen, spec)
+    return adaptive_augment(x, y, counts.to(torch.float32), gen, spec), y

@@ -1,13 +1,40 @@
-"""The federated dataset container: each split is one contiguous tensor, clients are ranges."""
+"""The federated dataset container: each split is one contiguous tensor, clients are ranges.
+
+Rows are stored in their source dtype (uint8 pixels for 8-bit images) and turned into model
+inputs per batch by ``FederatedData.inputs``. Builders take their samples from a *source*: a
+tensor, a numpy array, or a ``Rows`` object that decodes rows on demand (image files), and
+fill the split arrays in client order directly, so the data is never held twice; the arrays
+come from ``store.allocate`` (memory, or a memory-mapped cache past the budget).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
 
+from protofl.data import store
 from protofl.errors import ProtoflError
+
+GATHER_CHUNK = 4096  # rows copied per step when gathering a split from a source
+
+
+class Rows(Protocol):
+    """Samples decoded on demand: ``fill(index, out)`` writes rows ``index`` into ``out``."""
+
+    dtype: torch.dtype
+
+    def __len__(self) -> int: ...
+
+    @property
+    def row_shape(self) -> tuple[int, ...]: ...
+
+    def fill(self, index: np.ndarray, out: torch.Tensor) -> None: ...
+
+
+Source = torch.Tensor | np.ndarray | Rows
 
 
 @dataclass
@@ -18,6 +45,14 @@ class FederatedData:
     same for its local test split), so a round touches only the rows of its active clients and
     1,000 clients cost no more memory than their samples. ``x_test``/``y_test`` is the global
     test set used to evaluate the aggregate model.
+
+    Segmentation: ``y`` splits are masks ``(N, H, W)`` (uint8, 255 = void) and the optional
+    ``labels_*`` give each image's object class. ``class_counts[k, c]`` then counts client k's
+    training images whose object class is c (the background column stays 0); without labels,
+    the images whose mask contains c.
+
+    With ``scale`` set, rows hold integers (e.g. uint8 pixels) and ``inputs`` divides them by
+    ``scale`` (255 for 8-bit images); without, rows are model inputs already.
     """
 
     name: str
@@ -31,6 +66,10 @@ class FederatedData:
     x_test: torch.Tensor
     y_test: torch.Tensor
     class_names: list[str] = field(default_factory=list)
+    labels_train: torch.Tensor | None = None  # per-image object class when y holds masks
+    labels_local_test: torch.Tensor | None = None
+    labels_test: torch.Tensor | None = None
+    scale: float | None = None
 
     def __post_init__(self) -> None:
         self.train_offsets = np.asarray(self.train_offsets, dtype=np.int64)
@@ -43,12 +82,55 @@ class FederatedData:
             raise ProtoflError(f"{self.name}: client offsets do not cover the samples")
         if not self.class_names:
             self.class_names = [str(c) for c in range(self.num_classes)]
+        if self.scale is not None and self.x_train.is_floating_point():
+            raise ProtoflError(f"{self.name}: a scale is given but the rows are already floats")
         counts = np.zeros((self.num_clients, self.num_classes), dtype=np.int64)
-        y = self.y_train.numpy()
+        if self.labels_train is not None and len(self.labels_train) != len(self.y_train):
+            raise ProtoflError(f"{self.name}: labels_train does not match the training samples")
+        y = (self.y_train if self.labels_train is None else self.labels_train).numpy()
+        if y.ndim > 1:
+            y = _present(y, self.num_classes)
         for k in range(self.num_clients):
-            counts[k] = np.bincount(y[self.train_offsets[k] : self.train_offsets[k + 1]],
-                                    minlength=self.num_classes)
+            part = y[self.train_offsets[k] : self.train_offsets[k + 1]]
+            counts[k] = (part.sum(0) if part.ndim > 1 else
+                         np.bincount(part, minlength=self.num_classes))
         self.class_counts = counts  # (K, C) training samples per client and class
+
+    def inputs(self, x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Model inputs from stored rows (gathered from any split): integer rows as ``dtype``
+        divided by ``scale`` (bit-identical to converting the source to float up front);
+        floating rows are returned as they are."""
+        if self.scale is None or x.is_floating_point():
+            return x
+        return x.to(dtype).div_(self.scale)
+
+    def decoded(self) -> FederatedData:
+        """The same federation with every split converted to float32 model inputs (how all
+        data was held before rows were stored in their source dtype)."""
+        if self.scale is None:
+            return self
+        local = self.inputs(self.x_local_test)
+        test = local if self.x_test is self.x_local_test else self.inputs(self.x_test)
+        return FederatedData(
+            name=self.name, num_classes=self.num_classes, x_train=self.inputs(self.x_train),
+            y_train=self.y_train, train_offsets=self.train_offsets, x_local_test=local,
+            y_local_test=self.y_local_test, test_offsets=self.test_offsets, x_test=test,
+            y_test=self.y_test, class_names=self.class_names, labels_train=self.labels_train,
+            labels_local_test=self.labels_local_test, labels_test=self.labels_test)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored rows of all splits (the global test set once if shared)."""
+        xs = [self.x_train, self.x_local_test]
+        if self.x_test is not self.x_local_test:
+            xs.append(self.x_test)
+        return sum(x.numel() * x.element_size() for x in xs)
+
+    @property
+    def task(self) -> str:
+        """``"segmentation"`` when targets are masks ``(N, H, W)``, else
+        ``"classification"``."""
+        return "segmentation" if self.y_train.dim() == 3 else "classification"
 
     @property
     def num_clients(self) -> int:
@@ -61,11 +143,6 @@ class FederatedData:
     @property
     def train_sizes(self) -> np.ndarray:
         return np.diff(self.train_offsets)
-
-    def inputs(self, x: torch.Tensor) -> torch.Tensor:
-        """Model inputs from stored rows (every trainer and metric calls this on the rows it
-        gathers before the model sees them)."""
-        return x
 
     def client_train(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         a, b = self.train_offsets[k], self.train_offsets[k + 1]
@@ -83,7 +160,9 @@ class FederatedData:
             y_train=self.y_train, train_offsets=np.array([0, len(self.y_train)]),
             x_local_test=self.x_local_test, y_local_test=self.y_local_test,
             test_offsets=np.array([0, len(self.y_local_test)]), x_test=self.x_test,
-            y_test=self.y_test, class_names=self.class_names)
+            y_test=self.y_test, class_names=self.class_names, scale=self.scale,
+            labels_train=self.labels_train, labels_local_test=self.labels_local_test,
+            labels_test=self.labels_test)
 
     def summary(self) -> dict:
         """Partition statistics: sizes and classes per client (the seed's Fig. S1)."""
@@ -101,6 +180,20 @@ class FederatedData:
         }
 
 
+def _present(masks: np.ndarray, num_classes: int) -> np.ndarray:
+    """``(N, C)`` 0/1: whether each mask holds class c (void and other values ignored)."""
+    flat = masks.reshape(len(masks), -1).astype(np.int64)
+    out = np.zeros((len(masks), num_classes), dtype=np.int64)
+    for c in range(num_classes):
+        out[:, c] = (flat == c).any(1)
+    return out
+
+
+def _target(y: torch.Tensor) -> torch.Tensor:
+    """Class labels as int64; masks keep their dtype (uint8 holds 0..C-1 and 255)."""
+    return y.long() if y.dim() == 1 else y
+
+
 def _describe(v: np.ndarray) -> dict:
     return {"min": int(v.min()), "median": float(np.median(v)), "mean": float(v.mean()),
             "max": int(v.max())}
@@ -115,44 +208,111 @@ def local_test_size(n: int, fraction: float) -> int:
     return k
 
 
+def source_shape(src: Source) -> tuple[tuple[int, ...], torch.dtype]:
+    """(row shape, dtype) of a source."""
+    if isinstance(src, torch.Tensor):
+        return tuple(src.shape[1:]), src.dtype
+    if isinstance(src, np.ndarray):
+        return tuple(src.shape[1:]), torch.from_numpy(src[:0].copy()).dtype
+    return tuple(src.row_shape), src.dtype
+
+
+def fill_rows(src: Source, index: np.ndarray, out: torch.Tensor) -> None:
+    """``out[j] = src[index[j]]``, a chunk at a time (no full-size temporary)."""
+    index = np.asarray(index, dtype=np.int64)
+    if not isinstance(src, torch.Tensor | np.ndarray):
+        src.fill(index, out)
+        return
+    for a in range(0, len(index), GATHER_CHUNK):
+        idx = index[a:a + GATHER_CHUNK]
+        if isinstance(src, torch.Tensor):
+            torch.index_select(src, 0, torch.from_numpy(idx), out=out[a:a + len(idx)])
+        else:
+            out[a:a + len(idx)] = torch.from_numpy(np.ascontiguousarray(src[idx]))
+
+
+def gather(src: Source, index: np.ndarray, name: str, disk: bool) -> torch.Tensor:
+    """Rows ``index`` of ``src`` as a new tensor (memory, or the current store's disk)."""
+    shape, dtype = source_shape(src)
+    out = store.allocate(name, (len(index), *shape), dtype, disk)
+    fill_rows(src, index, out)
+    return out
+
+
+def to_disk(rows: int, src: Source) -> bool:
+    """Whether a split of ``rows`` rows shaped like ``src``'s goes to the store's disk."""
+    s = store.current()
+    if s is None:
+        return False
+    shape, dtype = source_shape(src)
+    row_bytes = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
+    return s.spill(rows * row_bytes)
+
+
 def from_client_lists(
     name: str,
     num_classes: int,
     xs: list[torch.Tensor],
     ys: list[torch.Tensor],
-    x_test: torch.Tensor | None = None,
+    x_test: Source | None = None,
     y_test: torch.Tensor | None = None,
     local_test_fraction: float = 0.1,
     seed: int = 0,
     class_names: list[str] | None = None,
+    scale: float | None = None,
 ) -> FederatedData:
     """Build the container from per-client samples, splitting each client 90/10 (default).
 
     Without a global test set, the union of the clients' local test splits is used.
     """
-    bounds = np.concatenate([[0], np.cumsum([len(y) for y in ys])])
+    return from_ranges(name, num_classes, torch.cat(xs), torch.cat(ys), [len(y) for y in ys],
+                       x_test, y_test, local_test_fraction, seed, class_names, scale)
+
+
+def from_ranges(
+    name: str,
+    num_classes: int,
+    x: Source,
+    y: torch.Tensor,
+    sizes: list[int],
+    x_test: Source | None = None,
+    y_test: torch.Tensor | None = None,
+    local_test_fraction: float = 0.1,
+    seed: int = 0,
+    class_names: list[str] | None = None,
+    scale: float | None = None,
+) -> FederatedData:
+    """``from_partition`` where client k owns the k-th consecutive run of ``sizes[k]`` rows."""
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     parts = [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-    return from_partition(name, num_classes, torch.cat(xs), torch.cat(ys), parts, x_test,
-                          y_test, local_test_fraction, seed, class_names)
+    return from_partition(name, num_classes, x, y, parts, x_test, y_test, local_test_fraction,
+                          seed, class_names, scale=scale)
 
 
 def from_partition(
     name: str,
     num_classes: int,
-    x: torch.Tensor,
+    x: Source,
     y: torch.Tensor,
     parts: list[np.ndarray],
-    x_test: torch.Tensor | None = None,
+    x_test: Source | None = None,
     y_test: torch.Tensor | None = None,
     local_test_fraction: float = 0.1,
     seed: int = 0,
     class_names: list[str] | None = None,
+    *,
+    labels: torch.Tensor | None = None,
+    labels_test: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> FederatedData:
     """Build the container from a pool and per-client index arrays (a partitioner's output).
 
     Each client's samples are shuffled and split into local train and test parts (at least
     one test sample when the fraction is positive, at least one train sample); the pool is
-    then gathered once per split, ordered by client.
+    then gathered once per split, ordered by client, straight into the split arrays.
+    ``scale``: see ``FederatedData``. For segmentation, ``y`` and ``y_test`` are masks (kept in
+    their dtype) and ``labels``/``labels_test`` the per-image object classes (gathered like
+    ``y``).
     """
     rng = np.random.default_rng(seed)
     train, test = [], []
@@ -163,14 +323,25 @@ def from_partition(
         train.append(p[n_test:])
     train_offsets = np.concatenate([[0], np.cumsum([len(i) for i in train])])
     test_offsets = np.concatenate([[0], np.cumsum([len(i) for i in test])])
-    tr = torch.from_numpy(np.concatenate(train))
-    te = torch.from_numpy(np.concatenate(test))
-    x_local_test, y_local_test = x[te], y[te].long()
+    tr = np.concatenate(train) if train else np.zeros(0, np.int64)
+    te = np.concatenate(test) if test else np.zeros(0, np.int64)
+    tr_t, te_t = torch.from_numpy(tr), torch.from_numpy(te)
+    disk = to_disk(len(tr) + len(te) + (len(x_test) if x_test is not None else 0), x)
+    x_local_test = gather(x, te, "x_local_test", disk)
+    y_local_test = _target(y[te_t])
+    lab = labels.long() if labels is not None else None
     if x_test is None:
         x_test, y_test = x_local_test, y_local_test
+        labels_test = lab[te_t] if lab is not None else None
+    elif not (isinstance(x_test, torch.Tensor) and not disk):
+        x_test = gather(x_test, np.arange(len(x_test)), "x_test", disk)
     return FederatedData(
         name=name, num_classes=num_classes,
-        x_train=x[tr], y_train=y[tr].long(), train_offsets=train_offsets,
-        x_local_test=x_local_test, y_local_test=y_local_test, test_offsets=test_offsets,
-        x_test=x_test, y_test=y_test.long(), class_names=class_names or [],
+        x_train=gather(x, tr, "x_train", disk), y_train=_target(y[tr_t]),
+        train_offsets=train_offsets, x_local_test=x_local_test, y_local_test=y_local_test,
+        test_offsets=test_offsets, x_test=x_test, y_test=_target(y_test),
+        class_names=class_names or [], scale=scale,
+        labels_train=lab[tr_t] if lab is not None else None,
+        labels_local_test=lab[te_t] if lab is not None else None,
+        labels_test=labels_test.long() if labels_test is not None else None,
     )

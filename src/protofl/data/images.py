@@ -1,6 +1,9 @@
-"""Reading image files and arrays into channels-first float tensors in [0, 1] (with Pillow).
+"""Reading image files and arrays as channels-first pixels (with Pillow).
 
-Every failure (missing file, corrupt or truncated image) is a ProtoflError naming the file.
+Datasets keep the 8-bit pixels (``ImageRows``, ``ArrayRows``: uint8 rows decoded straight
+into the split arrays, turned into [0, 1] floats per batch by ``FederatedData.inputs``);
+``read_image``/``read_images``/``resize_array`` give float32 in [0, 1] directly. Every failure
+(missing file, corrupt or truncated image) is a ProtoflError naming the file.
 """
 
 from __future__ import annotations
@@ -23,13 +26,26 @@ def _pil():
     return Image
 
 
+PIXEL_MAX = 255.0  # FederatedData.scale of 8-bit images
+MODES = {"RGB": 3, "L": 1}
+
+
 def read_image(path: str | Path, size: int | tuple[int, int] | None = None,
                mode: str = "RGB") -> np.ndarray:
-    """One image as a (C, H, W) float32 array in [0, 1]; resized (bilinear) to ``size``.
+    """One image as a (C, H, W) float32 array in [0, 1]; resized (bilinear) to ``size``."""
+    return _to_float(read_pixels(path, size, mode))
+
+
+def read_pixels(path: str | Path, size: int | tuple[int, int] | None = None,
+                mode: str = "RGB") -> np.ndarray:
+    """One image as a (C, H, W) uint8 array; resized (bilinear, on the 8-bit pixels) to
+    ``size``.
 
     ``mode`` is Pillow's: "RGB" (3 channels) or "L" (1 channel). A JPEG much larger than
     ``size`` is decoded at a reduced DCT scale first (Pillow's draft mode, ~1.5x faster).
     """
+    if mode not in MODES:
+        raise ProtoflError(f"image mode {mode!r} is not supported; allowed: RGB, L")
     Image = _pil()
     path = Path(path)
     try:
@@ -43,52 +59,112 @@ def read_image(path: str | Path, size: int | tuple[int, int] | None = None,
                 im = im.convert(mode)
     except FileNotFoundError:
         raise ProtoflError(f"image file {path} does not exist") from None
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+    except Exception as e:  # Pillow raises many types on damaged files (TypeError, ...)
         raise ProtoflError(f"image file {path} cannot be read ({type(e).__name__}: "
                            f"{str(e).splitlines()[0] if str(e) else 'corrupt'})") from None
     if size is not None:
         im = _resize(im, size)
-    return _to_chw(np.asarray(im))
+    a = np.array(im)
+    return a[None] if a.ndim == 2 else a.transpose(2, 0, 1).copy()
+
+
+class ImageRows:
+    """Image files as the rows of a (N, C, H, W) uint8 source, decoded when a dataset builder
+    fills its split arrays (``FederatedData``'s ``Rows``); all must share one shape unless
+    ``size`` resizes them."""
+
+    dtype = torch.uint8
+
+    def __init__(self, paths: Sequence[str | Path], size: int | tuple[int, int] | None,
+                 mode: str = "RGB"):
+        self.paths, self.size, self.mode = list(paths), size, mode
+        self._shape: tuple[int, ...] | None = None
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        if self._shape is None:
+            if self.size is not None or not self.paths:
+                h, w = _hw(self.size) if self.size is not None else (0, 0)
+                self._shape = (MODES.get(self.mode, 3), h, w)
+            else:
+                self._shape = read_pixels(self.paths[0], None, self.mode).shape
+        return self._shape
+
+    def fill(self, index: np.ndarray, out: torch.Tensor) -> None:
+        want = self.row_shape
+        for j, i in enumerate(np.asarray(index).tolist()):
+            a = read_pixels(self.paths[i], self.size, self.mode)
+            if a.shape != want:
+                raise ProtoflError(f"image file {self.paths[i]} has shape {a.shape[1:]}, the "
+                                   f"first image {want[1:]}; set data.image_size to resize them")
+            out[j] = torch.from_numpy(a)
+
+
+class ArrayRows:
+    """A uint8 stack (N, H, W) or (N, H, W, 3) as the rows of a (N, C, H', W') uint8 source,
+    resized (bilinear, as Pillow does on 8-bit images) to ``size`` row by row."""
+
+    dtype = torch.uint8
+
+    def __init__(self, images: np.ndarray, size: int | tuple[int, int] | None):
+        if images.ndim == 3:
+            images = images[..., None]
+        if images.ndim != 4 or images.shape[-1] not in (1, 3) or images.dtype != np.uint8:
+            raise ProtoflError(f"image array has shape {images.shape} ({images.dtype}); "
+                               "expected uint8 (N, H, W) or (N, H, W, 3)")
+        self.images = images
+        _, h, w, c = images.shape
+        self.target = (h, w) if size is None else _hw(size)
+        self.row_shape = (c, *self.target)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def fill(self, index: np.ndarray, out: torch.Tensor) -> None:
+        index = np.asarray(index, dtype=np.int64)
+        if self.target == self.images.shape[1:3]:
+            for a in range(0, len(index), 4096):
+                chunk = self.images[index[a:a + 4096]].transpose(0, 3, 1, 2)
+                out[a:a + len(chunk)] = torch.from_numpy(np.ascontiguousarray(chunk))
+            return
+        Image = _pil()
+        for j, i in enumerate(index.tolist()):
+            a = self.images[i]
+            im = _resize(Image.fromarray(np.ascontiguousarray(a[..., 0] if a.shape[-1] == 1
+                                                              else a)), self.target)
+            b = np.array(im)
+            out[j] = torch.from_numpy(b[None] if b.ndim == 2 else b.transpose(2, 0, 1).copy())
+
+
+def from_pil(im, size: int | tuple[int, int] | None = None, mode: str = "RGB") -> np.ndarray:
+    """A Pillow image as a (C, H, W) float32 array in [0, 1], converted to ``mode`` and
+    resized (bilinear) to ``size``."""
+    im = im.convert(mode)
+    if size is not None:
+        im = _resize(im, size)
+    a = np.asarray(im)
+    return _to_float(a[None] if a.ndim == 2 else a.transpose(2, 0, 1))
 
 
 def read_images(paths: Sequence[str | Path], size: int | tuple[int, int] | None,
                 mode: str = "RGB") -> torch.Tensor:
     """Many images, all resized to ``size`` (required to stack unless they agree), as one
-    (N, C, H, W) float32 tensor, filled in place to keep the peak memory at one copy."""
-    if not paths:
-        c = 1 if mode == "L" else 3
-        h, w = _hw(size) if size is not None else (0, 0)
-        return torch.zeros((0, c, h, w))
-    first = read_image(paths[0], size, mode)
-    out = torch.empty((len(paths), *first.shape))
-    out[0] = torch.from_numpy(first)
-    for i, p in enumerate(paths[1:], start=1):
-        a = read_image(p, size, mode)
-        if a.shape != first.shape:
-            raise ProtoflError(f"image file {p} has shape {a.shape[1:]}, the first image "
-                               f"{first.shape[1:]}; set data.image_size to resize them")
-        out[i] = torch.from_numpy(a)
-    return out
+    (N, C, H, W) float32 tensor in [0, 1]."""
+    rows = ImageRows(paths, size, mode)
+    out = torch.empty((len(rows), *rows.row_shape), dtype=torch.uint8)
+    rows.fill(np.arange(len(rows)), out)
+    return out.float().div_(PIXEL_MAX)
 
 
 def resize_array(images: np.ndarray, size: int | tuple[int, int] | None) -> torch.Tensor:
     """A uint8 stack (N, H, W) or (N, H, W, 3) as (N, C, H', W') float32 in [0, 1]."""
-    if images.ndim == 3:
-        images = images[..., None]
-    if images.ndim != 4 or images.shape[-1] not in (1, 3):
-        raise ProtoflError(f"image array has shape {images.shape}; expected (N, H, W) or "
-                           "(N, H, W, 3)")
-    n, h, w, c = images.shape
-    if size is None or _hw(size) == (h, w):
-        return torch.from_numpy(_to_float(images).transpose(0, 3, 1, 2).copy())
-    Image = _pil()
-    th, tw = _hw(size)
-    out = torch.empty((n, c, th, tw))
-    for i in range(n):
-        a = images[i, ..., 0] if c == 1 else images[i]
-        im = _resize(Image.fromarray(np.ascontiguousarray(a)), size)
-        out[i] = torch.from_numpy(_to_chw(np.asarray(im)))
-    return out
+    rows = ArrayRows(images, size)
+    out = torch.empty((len(rows), *rows.row_shape), dtype=torch.uint8)
+    rows.fill(np.arange(len(rows)), out)
+    return out.float().div_(PIXEL_MAX)
 
 
 def _hw(size: int | tuple[int, int]) -> tuple[int, int]:
@@ -108,10 +184,3 @@ def _to_float(a: np.ndarray) -> np.ndarray:
     if a.dtype == np.uint16:
         return a.astype(np.float32) / 65535.0
     return a.astype(np.float32)
-
-
-def _to_chw(a: np.ndarray) -> np.ndarray:
-    a = _to_float(a)
-    if a.ndim == 2:
-        return a[None]
-    return a.transpose(2, 0, 1).copy()

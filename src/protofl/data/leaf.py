@@ -8,15 +8,15 @@ folders holding each user's train and test samples (or ``all_data/`` before spli
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from protofl.config import DataConfig
-from protofl.data.federated import FederatedData, from_client_lists
-from protofl.data.images import read_images
+from protofl.data.federated import FederatedData, Source, from_ranges, gather, to_disk
+from protofl.data.images import PIXEL_MAX, ImageRows
 from protofl.errors import ProtoflError
 
 UserData = dict[str, tuple[np.ndarray | list, np.ndarray]]
@@ -66,27 +66,42 @@ def _read_file(path: Path) -> list[tuple[str, np.ndarray | list, np.ndarray]]:
         raise ProtoflError(f"LEAF file {path} lacks the 'users' and 'user_data' keys")
     users, data = doc["users"], doc["user_data"]
     counts = doc.get("num_samples")
+    if not isinstance(users, list) or not isinstance(data, dict) or not (
+            counts is None or isinstance(counts, list)):
+        raise ProtoflError(f"LEAF file {path}: 'users' and 'num_samples' must be lists and "
+                           "'user_data' an object")
     if counts is not None and len(counts) != len(users):
         raise ProtoflError(f"LEAF file {path}: {len(users)} users but {len(counts)} num_samples")
     rows = []
     for i, user in enumerate(users):
-        d = data.get(user)
+        d = data.get(user) if isinstance(user, (str, int)) else None
         if not isinstance(d, dict) or "x" not in d or "y" not in d:
             raise ProtoflError(f"LEAF file {path}: user {user!r} has no user_data x and y")
         x, y = d["x"], d["y"]
+        if not isinstance(x, list) or not isinstance(y, list):
+            raise ProtoflError(f"LEAF file {path}: user {user!r} has x or y that is not a list")
         if len(x) != len(y) or (counts is not None and counts[i] != len(y)):
             raise ProtoflError(f"LEAF file {path}: user {user!r} has {len(x)} x, {len(y)} y, "
                                f"num_samples {counts[i] if counts is not None else '-'}")
         try:
-            ya = np.asarray(y, dtype=np.float64)
-            if not np.all(ya == np.round(ya)):
+            ya = np.asarray(y, dtype=np.float64).reshape(-1)
+            if len(ya) != len(y) or not np.all(np.isfinite(ya)) or not np.all(ya == np.round(ya)):
                 raise ValueError("labels are not integers")
-            ya = ya.astype(np.int64).reshape(-1)
+            if len(ya) and not (ya.min() >= 0 and ya.max() < 2**31):
+                raise ValueError("labels must be integers in 0 .. 2^31 - 1")
+            ya = ya.astype(np.int64)
             if not (x and isinstance(x[0], str)):
-                x = np.asarray(x, dtype=np.float32)
+                with np.errstate(over="ignore"):  # beyond float32: inf, refused below
+                    x = np.asarray(x, dtype=np.float32)
+                if len(x) and x.ndim < 2:
+                    raise ValueError("x must be a list of equal-size numeric samples")
+                if not np.all(np.isfinite(x)):
+                    raise ValueError("x holds values that are not finite (NaN or infinity)")
+            elif not all(isinstance(v, str) for v in x):
+                raise ValueError("x mixes file names and other values")
         except (ValueError, TypeError) as e:
             raise ProtoflError(f"LEAF file {path}: user {user!r} has malformed x or y "
-                               f"({e})") from None
+                               f"({str(e).splitlines()[0]})") from None
         rows.append((str(user), x, ya))
     return rows
 
@@ -134,27 +149,45 @@ def load_leaf_split(root: str | Path, labels: Iterable[int] | None = None
     return train, (read_leaf(test_dir, labels) if test_dir is not None else None)
 
 
+def _concat(xs: list) -> np.ndarray | list | None:
+    """The users' x joined (arrays stacked, file-name lists chained); None if all empty."""
+    xs = [x for x in xs if len(x)]
+    if not xs:
+        return None
+    if isinstance(xs[0], np.ndarray):
+        return np.concatenate(xs)
+    return [v for x in xs for v in x]
+
+
 def federation_from_users(name: str, num_classes: int, users: list[str], train: UserData,
-                          test: UserData | None, to_x, cfg: DataConfig,
-                          class_names: list[str] | None = None) -> FederatedData:
+                          test: UserData | None, to_x: Callable[[np.ndarray | list], Source],
+                          cfg: DataConfig, class_names: list[str] | None = None,
+                          scale: float | None = None) -> FederatedData:
     """One client per user: with a test split, each user's own test samples are its local
-    test set (their union the global one); without, a seeded 90/10 split per user."""
-    xs = [to_x(train[u][0]) for u in users]
-    ys = [torch.from_numpy(train[u][1]) for u in users]
+    test set (their union the global one); without, a seeded 90/10 split per user.
+    ``to_x`` turns all users' x, joined in user order, into a source of rows."""
+    if not users:
+        raise ProtoflError(f"{name}: no user with training samples")
+    sizes = [len(train[u][1]) for u in users]
+    y = torch.from_numpy(np.concatenate([train[u][1] for u in users])).long()
+    x = to_x(_concat([train[u][0] for u in users]))
     if test is None:
-        return from_client_lists(name, num_classes, xs, ys, None, None,
-                                 cfg.local_test_fraction, cfg.seed, class_names)
+        return from_ranges(name, num_classes, x, y, sizes, None, None,
+                           cfg.local_test_fraction, cfg.seed, class_names, scale)
     empty = (np.zeros((0,), np.float32), np.zeros((0,), np.int64))
     tx = [test.get(u, empty) for u in users]
-    te_x = [to_x(x) if len(y) else xs[i][:0] for i, (x, y) in enumerate(tx)]
-    te_y = [torch.from_numpy(y) for _, y in tx]
-    x_local, y_local = torch.cat(te_x), torch.cat(te_y).long()
+    te_y = torch.from_numpy(np.concatenate([t[1] for t in tx])).long()
+    te_x = _concat([t[0] for t in tx])
+    disk = to_disk(len(y) + len(te_y), x)
+    x_train = gather(x, np.arange(len(y)), "x_train", disk)
+    x_local = (gather(to_x(te_x), np.arange(len(te_y)), "x_local_test", disk)
+               if te_x is not None else x_train[:0].clone())
     return FederatedData(
-        name=name, num_classes=num_classes, x_train=torch.cat(xs), y_train=torch.cat(ys).long(),
-        train_offsets=np.concatenate([[0], np.cumsum([len(y) for y in ys])]),
-        x_local_test=x_local, y_local_test=y_local,
-        test_offsets=np.concatenate([[0], np.cumsum([len(y) for y in te_y])]),
-        x_test=x_local, y_test=y_local, class_names=class_names or [])
+        name=name, num_classes=num_classes, x_train=x_train, y_train=y,
+        train_offsets=np.concatenate([[0], np.cumsum(sizes)]),
+        x_local_test=x_local, y_local_test=te_y,
+        test_offsets=np.concatenate([[0], np.cumsum([len(t[1]) for t in tx])]),
+        x_test=x_local, y_test=te_y, class_names=class_names or [], scale=scale)
 
 
 def _pick_users(users: list[str], cfg: DataConfig) -> list[str]:
@@ -166,6 +199,30 @@ def _pick_users(users: list[str], cfg: DataConfig) -> list[str]:
     return users
 
 
+def _same_features(root, users: list[str], train: UserData, test: UserData | None) -> None:
+    """Every sample of ``users`` (train and test) has the same feature shape."""
+    first = None
+    for split, data in (("train", train), ("test", test or {})):
+        for u in users:
+            if u in data and len(data[u][1]):
+                x = data[u][0]
+                if not isinstance(x, np.ndarray):
+                    raise ProtoflError(f"LEAF data in {root}: {split} user {u!r} has non-numeric "
+                                       "x; use the dataset that matches it (e.g. celeba)")
+                shape = x.shape[1:]
+                if first is None:
+                    first = (split, u, shape)
+                elif shape != first[2]:
+                    raise ProtoflError(
+                        f"LEAF data in {root}: {split} user {u!r} has {_n(shape)} features but "
+                        f"{first[0]} user {first[1]!r} has {_n(first[2])}; every sample of "
+                        "train and test must have the same size")
+
+
+def _n(shape: tuple) -> str:
+    return str(shape[0]) if len(shape) == 1 else "x".join(map(str, shape))
+
+
 def leaf_federation(cfg: DataConfig) -> FederatedData:
     """Any LEAF folder of vector samples (e.g. the FedProx Synthetic files): a client per
     user (the first ``num_clients`` users if set); classes = 0..max label."""
@@ -175,11 +232,12 @@ def leaf_federation(cfg: DataConfig) -> FederatedData:
             raise ProtoflError(f"LEAF data in {cfg.root}: user {u!r} has non-numeric x; "
                                "use the dataset that matches it (e.g. celeba)")
     users = _pick_users([u for u, (_, y) in train.items() if len(y)], cfg)
+    _same_features(cfg.root, users, train, test)
     ys = [train[u][1] for u in users] + ([test[u][1] for u in users if u in test] if test
                                          else [])
     num_classes = int(max(int(y.max()) for y in ys if len(y))) + 1
     return federation_from_users("leaf", num_classes, users, train, test,
-                                 lambda x: torch.from_numpy(np.asarray(x, np.float32)), cfg)
+                                 lambda x: np.asarray(x, np.float32), cfg)
 
 
 def femnist_federation(cfg: DataConfig) -> FederatedData:
@@ -223,7 +281,7 @@ def femnist_federation(cfg: DataConfig) -> FederatedData:
     return federation_from_users(
         "femnist", len(FEMNIST_LETTERS), users, restrict(train),
         restrict(test) if test is not None else None,
-        lambda x: torch.from_numpy(np.asarray(x, np.float32).reshape(-1, 1, 28, 28)), cfg,
+        lambda x: np.asarray(x, np.float32).reshape(-1, 1, 28, 28), cfg,
         class_names=list(FEMNIST_LETTERS))
 
 
@@ -265,5 +323,5 @@ def celeba_federation(cfg: DataConfig) -> FederatedData:
     size = cfg.image_size or CELEBA_SIZE
     return federation_from_users(
         "celeba", 2, users, train, test,
-        lambda names: read_images([folder / n for n in names], size, "RGB"), cfg,
-        class_names=["not smiling", "smiling"])
+        lambda names: ImageRows([folder / n for n in names], size, "RGB"), cfg,
+        class_names=["not smiling", "smiling"], scale=PIXEL_MAX)

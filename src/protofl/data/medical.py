@@ -1,9 +1,10 @@
 """Medical image sets of the fedproin protocol: HAM10000, Matek-19 and MedMNIST files.
 
 Each loader holds out a global test set, partitions the rest over ``num_clients`` clients
-(default 10, Dirichlet ``alpha``; ``partition: iid`` for IID) and returns images as
-channels-first float32 in [0, 1], resized to ``image_size``. ``max_samples`` caps the pool
-before any image is read (a seeded random subset).
+(default 10, Dirichlet ``alpha``; ``partition: iid`` for IID) and keeps images as
+channels-first uint8 pixels (``scale`` 255), resized to ``image_size``, decoded straight into
+the split arrays. ``max_samples`` caps the pool before any image is read (a seeded random
+subset).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import numpy as np
 import torch
 
 from protofl.config import DataConfig
-from protofl.data.federated import FederatedData, from_partition
-from protofl.data.images import read_images, resize_array
+from protofl.data.federated import FederatedData, Source, from_partition
+from protofl.data.images import PIXEL_MAX, ArrayRows, ImageRows
 from protofl.data.partition import capped, config_partition
 from protofl.errors import ProtoflError
 
@@ -38,20 +39,20 @@ def _root(cfg: DataConfig, what: str) -> Path:
     return root
 
 
-def _federate(name: str, classes: tuple[str, ...], x: torch.Tensor, y: np.ndarray,
-              x_test: torch.Tensor, y_test: np.ndarray, cfg: DataConfig) -> FederatedData:
+def _federate(name: str, classes: tuple[str, ...], x: Source, y: np.ndarray,
+              x_test: Source, y_test: np.ndarray, cfg: DataConfig) -> FederatedData:
     parts = config_partition(y, cfg, "dirichlet", MEDICAL_CLIENTS)
     return from_partition(name, len(classes), x, torch.from_numpy(y), parts, x_test,
                           torch.from_numpy(y_test), cfg.local_test_fraction, cfg.seed,
-                          list(classes))
+                          list(classes), scale=PIXEL_MAX)
 
 
 def _federate_images(name: str, classes: list[str], paths: list[Path], y: np.ndarray,
                      test: np.ndarray, cfg: DataConfig) -> FederatedData:
-    """Read the images (RGB, resized) and federate the pool; ``test`` marks the global test."""
+    """Federate the images (RGB, resized); ``test`` marks the global test set."""
     size = cfg.image_size or MEDICAL_SIZE
-    x_pool = read_images([p for p, t in zip(paths, test) if not t], size, "RGB")
-    x_test = read_images([p for p, t in zip(paths, test) if t], size, "RGB")
+    x_pool = ImageRows([p for p, t in zip(paths, test) if not t], size, "RGB")
+    x_test = ImageRows([p for p, t in zip(paths, test) if t], size, "RGB")
     return _federate(name, classes, x_pool, y[~test], x_test, y[test], cfg)
 
 
@@ -205,11 +206,15 @@ def _npz_split(path: Path, z, split: str, cfg: DataConfig) -> tuple[np.ndarray, 
             raise ProtoflError(f"MedMNIST file {path} lacks {key!r}; has {', '.join(z.files)}")
     try:
         x, y = z[f"{split}_images"], z[f"{split}_labels"]
-    except (OSError, ValueError) as e:
-        raise ProtoflError(f"MedMNIST file {path}: {split} arrays cannot be read: {e}") from None
+    except Exception as e:  # a damaged archive raises many types (zlib.error, BadZipFile...)
+        raise ProtoflError(f"MedMNIST file {path}: {split} arrays cannot be read: "
+                           f"{type(e).__name__}") from None
     if y.ndim == 2 and y.shape[1] != 1:
         raise ProtoflError(f"MedMNIST file {path} is multi-label ({split}_labels {y.shape}); "
                            "only single-label sets are supported")
+    if y.dtype.kind not in "iu" or y.ndim not in (1, 2) or not len(y) or y.min() < 0:
+        raise ProtoflError(f"MedMNIST file {path}: {split}_labels must be a non-empty array of "
+                           f"integers >= 0 (found {y.dtype}, {len(y)} labels)")
     y = y.reshape(-1).astype(np.int64)
     if len(x) != len(y) or x.dtype != np.uint8 or x.ndim not in (3, 4):
         raise ProtoflError(f"MedMNIST file {path}: {split}_images {x.shape} {x.dtype} does not "
@@ -224,14 +229,20 @@ def medmnist_federation(cfg: DataConfig) -> FederatedData:
     path = medmnist_file(_root(cfg, "MedMNIST"))
     try:
         z = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise ProtoflError(f"MedMNIST file {path} is not a readable .npz: {e}") from None
+    except Exception as e:  # as above
+        raise ProtoflError(f"MedMNIST file {path} is not a readable .npz: "
+                           f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise ProtoflError(f"MedMNIST file {path} is a single .npy array, not an .npz archive")
     with z:
         x, y = _npz_split(path, z, "train", cfg)
         x_test, y_test = _npz_split(path, z, "test", cfg)
+    if cfg.image_size is None and x.shape[1:] != x_test.shape[1:]:
+        raise ProtoflError(f"MedMNIST file {path}: train images are {x.shape[1:]}, test images "
+                           f"{x_test.shape[1:]}; set data.image_size to resize them")
     keep = capped(len(y), cfg)
     x, y = x[keep], y[keep]
     num_classes = int(max(y.max(), y_test.max())) + 1
     classes = tuple(str(c) for c in range(num_classes))
-    return _federate(path.stem, classes, resize_array(x, cfg.image_size), y,
-                     resize_array(x_test, cfg.image_size), y_test, cfg)
+    return _federate(path.stem, classes, ArrayRows(x, cfg.image_size), y,
+                     ArrayRows(x_test, cfg.image_size), y_test, cfg)

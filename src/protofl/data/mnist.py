@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import torch
 
 from protofl.config import DataConfig
 from protofl.data.federated import FederatedData, from_partition
+from protofl.data.images import PIXEL_MAX
 from protofl.data.partition import capped, config_partition
 from protofl.errors import ProtoflError
 
@@ -41,7 +43,7 @@ def read_idx(path: str | Path, ndim: int | None = None) -> np.ndarray:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     except FileNotFoundError:
         raise ProtoflError(f"IDX file {path} does not exist") from None
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise ProtoflError(f"IDX file {path} cannot be read: {e}") from None
     if len(raw) < 4:
         raise ProtoflError(f"IDX file {path} is truncated: {len(raw)} bytes, no header")
@@ -105,19 +107,15 @@ def load_mnist(root: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
 
 def mnist_federation(cfg: DataConfig) -> FederatedData:
     """The seed's split: 1,000 clients (``num_clients``), ``classes_per_client`` = 2 digits
-    each, power-law sizes (``gamma``), a 90/10 split per client; global test = t10k.
+    each, power-law sizes (``gamma``), a 90/10 split per client; global test = t10k. Pixels
+    stay uint8 (``scale`` 255).
 
     ``partition`` may name another scheme; ``max_samples`` caps the training pool (a seeded
     random subset).
     """
     x, y, x_test, y_test = load_mnist(cfg.root)
     keep = capped(len(y), cfg)
-    x, y = x[keep], y[keep]
-    parts = config_partition(y, cfg, "classes", DEFAULT_CLIENTS)
-    return from_partition("mnist", 10, _images(x), torch.from_numpy(y), parts,
-                          _images(x_test), torch.from_numpy(y_test), cfg.local_test_fraction,
-                          cfg.seed)
-
-
-def _images(x: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(x.astype(np.float32) / 255.0)[:, None]
+    parts = [keep[p] for p in config_partition(y[keep], cfg, "classes", DEFAULT_CLIENTS)]
+    return from_partition("mnist", 10, x[:, None], torch.from_numpy(y), parts,
+                          x_test[:, None], torch.from_numpy(y_test), cfg.local_test_fraction,
+                          cfg.seed, scale=PIXEL_MAX)

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 import torch
 
 Order = Callable[[torch.Tensor, torch.Generator], torch.Tensor]  # (y, gen) -> indices
-# (x, y, gen, the client's per-class sample counts) -> transformed x
-Transform = Callable[[torch.Tensor, torch.Tensor, torch.Generator, torch.Tensor], torch.Tensor]
+# (x, y, gen, the client's per-class sample counts) -> transformed (x, y); y changes with x
+# when labels are spatial (segmentation masks under a crop or flip)
+Transform = Callable[[torch.Tensor, torch.Tensor, torch.Generator, torch.Tensor],
+                     tuple[torch.Tensor, torch.Tensor]]
 
 
 def shuffled(y: torch.Tensor, gen: torch.Generator) -> torch.Tensor:

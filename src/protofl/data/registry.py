@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from protofl.config import DataConfig
+from protofl.data import store
 from protofl.data.federated import FederatedData
 from protofl.errors import ProtoflError
 
@@ -18,6 +20,7 @@ class DatasetSpec:
     description: str
     needs_files: bool = True
     partition: str | None = None  # the default partition scheme (None: natural clients)
+    task: str = "classification"  # or "segmentation": y holds masks (N, H, W), 255 = void
 
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -51,6 +54,30 @@ DATASETS: dict[str, DatasetSpec] = {
     "voc_macro": DatasetSpec("protofl.data.voc:voc_macro_federation", "resnet18",
                              "Pascal VOC 2012 single-class images, the seed's macro classes",
                              partition="dirichlet_powerlaw"),
+    "imagefolder": DatasetSpec("protofl.data.imagefolder:imagefolder_federation", "resnet18",
+                               "a folder of images per class (optionally train/ and test/)",
+                               partition="dirichlet"),
+    "site": DatasetSpec("protofl.data.site:server_federation", "resnet18",
+                        "a cross-silo Flower federation: each SuperNode trains on its own "
+                        "files (docs/flower.md)", needs_files=False),
+    "hf": DatasetSpec("protofl.data.hf:hf_federation_from_config", "resnet18",
+                      "a Hugging Face image dataset via flwr-datasets (data.root = its id or "
+                      "a local folder; needs the 'hf' extra)"),
+    "voc_seg": DatasetSpec("protofl.data.segmentation:voc_seg_federation", "deeplabv3plus",
+                           "Pascal VOC 2012 single-object images, 21 classes (segmentation)",
+                           task="segmentation", partition="dirichlet_powerlaw"),
+    "voc_seg_macro": DatasetSpec("protofl.data.segmentation:voc_seg_macro_federation",
+                                 "deeplabv3plus", "Pascal VOC 2012 single-object images, the "
+                                 "seed's 5 macro classes (segmentation)", task="segmentation",
+                                 partition="dirichlet_powerlaw"),
+    "shapes": DatasetSpec("protofl.data.shapes:shapes_federation", "deeplabv3plus",
+                          "generated textured shapes on clutter, 9 classes, 20 clients "
+                          "(segmentation, no download)", needs_files=False,
+                          task="segmentation", partition="dirichlet_powerlaw"),
+    "shapes_macro": DatasetSpec("protofl.data.shapes:shapes_macro_federation", "deeplabv3plus",
+                                "generated shapes, 5 macro classes, 20 clients (segmentation, "
+                                "no download)", needs_files=False, task="segmentation",
+                                partition="dirichlet_powerlaw"),
 }
 
 
@@ -67,12 +94,48 @@ def dataset_spec(name: str) -> DatasetSpec:
     return DATASETS[name]
 
 
-def load_dataset(cfg: DataConfig) -> FederatedData:
+def fetch_hint(dataset: str) -> str:
+    """The end of a missing-files message: which ``protofl data fetch`` gets the dataset."""
+    from protofl.data.sources import SOURCES
+
+    names = [s.name for s in SOURCES.values()
+             if s.dataset == dataset or (dataset == "voc_macro" and s.dataset == "voc")]
+    if not names:
+        return ""
+    if len(names) == 1:
+        cmd = f"'protofl data fetch {names[0]}'"
+    else:
+        cmd = f"'protofl data fetch NAME' (NAME: {', '.join(names)})"
+    return f"; run {cmd} to download it: it prints the data.root to use"
+
+
+def load_dataset(cfg: DataConfig, lean: bool = False) -> FederatedData:
     """Build the federation a data config names (validated, one clear error if not); a null
-    ``partition`` is the dataset's default scheme."""
+    ``partition`` is the dataset's default scheme.
+
+    ``lean``: keep the rows in their source dtype (uint8 pixels; callers turn gathered rows
+    into model inputs with ``data.inputs``), and a dataset from files whose rows exceed the
+    memory budget is written to, and on later runs mapped from, the on-disk cache
+    (``data/store.py``). Without it every split is float32 model inputs in memory.
+    """
     spec = dataset_spec(cfg.name)
     cfg = dataclasses.replace(cfg, partition=cfg.partition or spec.partition)
-    if spec.needs_files and not cfg.root:
-        raise ProtoflError(f"dataset {cfg.name!r} needs its files: set data.root to their folder")
+    if spec.needs_files and not cfg.root and cfg.name != "hf":  # hf says what it needs
+        raise ProtoflError(f"dataset {cfg.name!r} needs its files: set data.root to their "
+                           f"folder{fetch_hint(cfg.name)}")
+    if spec.needs_files and cfg.name != "hf" and not Path(cfg.root).expanduser().exists():
+        raise ProtoflError(f"data.root {cfg.root} (dataset {cfg.name!r}) does not exist"
+                           f"{fetch_hint(cfg.name)}")
     module, func = spec.builder.split(":")
-    return getattr(importlib.import_module(module), func)(cfg)
+    builder = getattr(importlib.import_module(module), func)
+    if not lean:
+        return builder(cfg).decoded()
+    if not spec.needs_files:
+        return builder(cfg)
+    folder = store.cache_home() / f"{cfg.name}-{store.cache_key(asdict(cfg), cfg.root)}"
+    cached = store.load_cached(folder)
+    if cached is not None:
+        return cached
+    with store.using(store.Store(store.building_folder(folder), store.data_budget())) as s:
+        data = builder(cfg)
+    return store.publish(s, data, folder) if s.spilled else data

@@ -18,7 +18,7 @@ import torch
 
 from protofl.config import DataConfig
 from protofl.data.federated import FederatedData, from_partition
-from protofl.data.images import read_images
+from protofl.data.images import PIXEL_MAX, ImageRows
 from protofl.data.partition import capped, config_partition
 from protofl.errors import ProtoflError
 
@@ -54,8 +54,8 @@ def read_split(base: Path, split: str) -> list[str]:
     path = base / "ImageSets" / "Segmentation" / f"{split}.txt"
     try:
         return [s.strip() for s in path.read_text().splitlines() if s.strip()]
-    except OSError:
-        raise ProtoflError(f"Pascal VOC split list {path} cannot be read") from None
+    except (OSError, UnicodeDecodeError):
+        raise ProtoflError(f"Pascal VOC split list {path} cannot be read as text") from None
 
 
 def mask_classes(path: Path) -> set[int]:
@@ -70,8 +70,11 @@ def mask_classes(path: Path) -> set[int]:
             values = set(np.unique(np.asarray(im)).tolist())
     except FileNotFoundError:
         raise ProtoflError(f"segmentation mask {path} does not exist") from None
-    except (OSError, ValueError, SyntaxError) as e:
-        raise ProtoflError(f"segmentation mask {path} cannot be read ({e})") from None
+    except ProtoflError:
+        raise
+    except Exception as e:  # Pillow raises many types on a damaged file
+        raise ProtoflError(f"segmentation mask {path} cannot be read ({type(e).__name__})"
+                           ) from None
     values -= {0, VOID}
     bad = sorted(v for v in values if v > len(VOC_CLASSES))
     if bad:
@@ -105,12 +108,12 @@ def _voc(cfg: DataConfig, macro: bool) -> FederatedData:
         y, y_test, names = to_macro[y], to_macro[y_test], MACRO_CLASSES
     size = cfg.image_size or VOC_SIZE
     jpg = base / "JPEGImages"
-    x = read_images([jpg / f"{i}.jpg" for i in tr_ids], size, "RGB")
-    x_test = read_images([jpg / f"{i}.jpg" for i in te_ids], size, "RGB")
+    x = ImageRows([jpg / f"{i}.jpg" for i in tr_ids], size, "RGB")
+    x_test = ImageRows([jpg / f"{i}.jpg" for i in te_ids], size, "RGB")
     parts = config_partition(y, cfg, "dirichlet_powerlaw", VOC_CLIENTS)
     return from_partition("voc_macro" if macro else "voc", len(names), x, torch.from_numpy(y),
                           parts, x_test, torch.from_numpy(y_test), cfg.local_test_fraction,
-                          cfg.seed, list(names))
+                          cfg.seed, list(names), scale=PIXEL_MAX)
 
 
 def voc_federation(cfg: DataConfig) -> FederatedData:

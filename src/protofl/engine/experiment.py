@@ -5,15 +5,21 @@ a trainer, asks the algorithm to aggregate, and calls the round callbacks
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
+import os
 import time
 
 import numpy as np
 import torch
 
+from protofl.algorithms.base import validate_upload
 from protofl.algorithms.registry import make_algorithm
 from protofl.config import Config, resolve_defaults
+from protofl.data.federated import FederatedData
 from protofl.data.registry import dataset_spec, load_dataset
 from protofl.engine.callbacks import Callback, load_callback, metric_callbacks
+from protofl.engine.private import PrivateRounds, dp_on
 from protofl.engine.schedule import (
     SAMPLE,
     STRAGGLE,
@@ -24,8 +30,28 @@ from protofl.engine.schedule import (
 )
 from protofl.engine.train import ClientResult, LocalSetup, RoundContext, Trainer
 from protofl.engine.vectorized import choose_trainer
-from protofl.errors import ProtoflError
+from protofl.errors import Diverged, ProtoflError
 from protofl.models.registry import build_model
+from protofl.nested import flatten
+
+log = logging.getLogger("protofl")
+
+SMALL_MODEL = 1_000_000  # parameters: below this, one thread is fastest (no sync overhead)
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def auto_threads(model: torch.nn.Module) -> int:
+    """Torch threads for a run: 1 for small models, whose operations are too short to share
+    (more threads only spin, badly so when anything else runs); half the usable cores else."""
+    if sum(p.numel() for p in model.parameters()) < SMALL_MODEL:
+        return 1
+    return max(1, usable_cores() // 2)
 
 
 class Experiment:
@@ -34,27 +60,35 @@ class Experiment:
     ``cfg`` becomes the resolved config (``self.cfg``: every default filled in, the
     algorithm's options and paper defaults, the model and client count). ``trainer`` replaces
     the one ``cfg.trainer`` names; ``callbacks`` replaces the default metric callbacks (the
-    config's ``callbacks`` are added either way). ``data`` is the federation (the metrics
+    config's ``callbacks`` are added either way); the ``data`` argument replaces the federation
+    ``cfg.data`` names (a Flower site's own files). ``self.data`` is the federation (the metrics
     score its clients); ``train_data`` is what clients train on: the same, or for the
     centralized baseline the federation pooled into one client, which then takes a federated
     round's expected SGD steps each round.
     """
 
     def __init__(self, cfg: Config, *, trainer: Trainer | None = None,
-                 callbacks: list[Callback] | None = None):
-        self.data = data = load_dataset(cfg.data)
+                 callbacks: list[Callback] | None = None, data: FederatedData | None = None):
+        self.data = data = data if data is not None else load_dataset(
+            cfg.data, lean=True)  # rows as stored (e.g. uint8)
         model_name = cfg.model.name if cfg.model.name != "auto" else (
             dataset_spec(cfg.data.name).model)
         torch.manual_seed(cfg.seed)
         model = build_model(model_name, data.input_shape, data.num_classes, cfg.model)
         self.alg = make_algorithm(cfg.algorithm, cfg.algo, model, data.num_classes)
+        threads = cfg.threads or auto_threads(self.alg.model)
+        torch.set_num_threads(threads)
+        defaults = dict(self.alg.client_defaults)
+        if dp_on(cfg) and cfg.clients.sampling is None:
+            defaults["sampling"] = "uniform"  # DP cannot account for size-weighted sampling
         self.cfg = cfg = dataclasses.replace(
-            cfg, algorithm=self.alg.name, algo=self.alg.options(),
+            cfg, algorithm=self.alg.name, algo=self.alg.options(), threads=threads,
             data=dataclasses.replace(cfg.data, num_clients=data.num_clients,
                                      partition=cfg.data.partition or dataset_spec(
                                          cfg.data.name).partition),
             model=dataclasses.replace(cfg.model, name=model_name),
-            clients=resolve_defaults(cfg.clients, self.alg.client_defaults))
+            clients=resolve_defaults(cfg.clients, defaults),
+            metrics=resolve_defaults(cfg.metrics, {"save_weights": self.alg.centralized}))
         c = cfg.clients
         if c.per_round > data.num_clients:
             raise ProtoflError(f"config: clients.per_round = {c.per_round} exceeds the "
@@ -68,8 +102,13 @@ class Experiment:
                 c, per_round=1, local_steps=budget, stragglers=0.0))
             c = cfg.clients
         self.state = self.alg.init_state(self.alg.model)
+        if cfg.metrics.save_weights and self.alg.global_weights(self.state) is None:
+            raise ProtoflError(f"config: metrics.save_weights: {self.alg.name} has no "
+                               "aggregate model to save (each client keeps its own)")
+        self.private = PrivateRounds.build(cfg, self.alg, data.num_clients, self.state)
         self.client_states: dict[int, dict] = {}
         self.round = 0
+        self.stopped = ""  # why the run ended before cfg.rounds (the privacy budget)
         self.elapsed = 0.0
         self.last: dict = {}  # the last evaluated round's record
         self.setup = LocalSetup(c.batch_size, c.local_steps is not None, c.optimizer, c.lr,
@@ -83,8 +122,15 @@ class Experiment:
         x, y = self.train_data.client_train(k)
         return self.train_data.inputs(x), y
 
+    @property
+    def individual(self) -> bool:
+        """Whether the round's results are the clients' own uploads (not contributions to a
+        sum: client-side DP noise, secure aggregation)."""
+        return self.private is None or not self.private.from_clients
+
     def evaluating(self, round: int) -> bool:
-        return round % self.cfg.eval_every == 0 or round == self.cfg.rounds
+        return (round % self.cfg.eval_every == 0 or round == self.cfg.rounds
+                or bool(self.stopped))
 
     # ---- one round ----
     def step(self) -> dict:
@@ -96,18 +142,36 @@ class Experiment:
         jobs = assign_work(active, c.local_steps or c.local_epochs, c.stragglers,
                            c.tolerate_partial, np_rng(cfg.seed, STRAGGLE, t))
         rc = RoundContext(self.alg, self.alg.broadcast(self.state), jobs, data,
-                          self.client_states, self.setup, t)
-        results: list[ClientResult] = self.trainer.train(rc)
+                          self.client_states, self.setup, t,
+                          None if self.individual else self.private.client_hook)
+        trained = self.trainer.train(rc)
+        results, rejected = self.screen(trained, t)
+        if trained and all(not math.isfinite(r.loss) for r in trained):
+            raise Diverged(f"round {t}: local training diverged on every client (training "
+                           "loss NaN/Inf); the run stopped (its run folder keeps the last "
+                           "checkpoint); lower clients.lr")
         record: dict = {"round": t, "clients": [r.client for r in results],
                         "stragglers": [j.client for j in jobs if j.straggler],
-                        "dropped": sorted(set(active.tolist()) - {j.client for j in jobs})}
+                        "dropped": sorted(set(active.tolist()) - {j.client for j in jobs}),
+                        "rejected": rejected}
         for r in results:
             if r.state:
                 self.client_states[r.client] = r.state
         if results:
-            self.state, diag = self.alg.aggregate(self.state, [r.upload for r in results], t)
+            uploads = [r.upload for r in results]
+            self.state, diag = (self.alg.aggregate(self.state, uploads, t) if self.private is None
+                                else self.private.aggregate(self.state, rc.broadcast, uploads, t))
+            if not all(torch.isfinite(v).all() for v in flatten(self.state).values()
+                       if isinstance(v, torch.Tensor) and v.is_floating_point()):
+                raise Diverged(f"round {t}: the global model became NaN/Inf from finite "
+                               "client updates; the run stopped (its run folder keeps the last "
+                               "checkpoint); lower clients.lr")
             record.update(diag)
             record["client_loss"] = float(np.mean([r.loss for r in results]))
+        if self.private is not None and self.private.dp:
+            record["epsilon"] = self.private.epsilon()
+            if t < cfg.rounds and not self.private.allows(t + 1):
+                self.stopped = "privacy budget"
         for cb in self.callbacks:
             cb.after_aggregate(self, record, results)
         self.round = t
@@ -120,11 +184,31 @@ class Experiment:
             self.last = record
         return record
 
+    def screen(self, results: list[ClientResult], t: int
+               ) -> tuple[list[ClientResult], list[int]]:
+        """The results fit to aggregate, and the clients left out (logged): a non-finite
+        training loss, or an upload that fails ``validate_upload`` (missing or misshapen
+        entries, NaN/Inf, negative counts)."""
+        spec = self.alg.upload_spec() if self.private is None else self.private.spec()
+        kept, rejected = [], []
+        for r in results:
+            try:
+                if not math.isfinite(r.loss):
+                    raise ProtoflError(f"its training loss is {r.loss}")
+                validate_upload(r.upload, spec)
+            except ProtoflError as e:
+                log.warning("round %d: client %d left out: %s", t, r.client, e)
+                rejected.append(r.client)
+                continue
+            kept.append(r)
+        return kept, rejected
+
     # ---- checkpoints ----
     def snapshot(self) -> dict:
         return {"round": self.round, "state": self.state, "client_states": self.client_states,
                 "elapsed": self.elapsed, "last": self.last, "torch_rng": torch.get_rng_state(),
-                "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks}}
+                "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks},
+                "privacy": self.private.state_dict() if self.private else {}}
 
     def restore(self, snap: dict) -> None:
         self.round, self.state = snap["round"], snap["state"]
@@ -133,13 +217,18 @@ class Experiment:
         torch.set_rng_state(snap["torch_rng"])
         for cb in self.callbacks:
             cb.load_state_dict(snap.get("callbacks", {}).get(cb.name, {}))
+        if self.private is not None:
+            self.private.load_state_dict(snap.get("privacy", {}))
 
     # ---- the whole run ----
     def run(self) -> dict:
         """Rounds up to ``cfg.rounds`` (from where a restored run stopped); the summary."""
         for cb in self.callbacks:
             cb.on_run_start(self)
-        while self.round < self.cfg.rounds:
+        if (self.private is not None and self.round < self.cfg.rounds
+                and not self.private.allows(self.round + 1)):
+            self.stopped = "privacy budget"  # a resumed run that had reached it
+        while self.round < self.cfg.rounds and not self.stopped:
             record = self.step()
             for cb in self.callbacks:
                 cb.on_round_end(self, record)
@@ -153,4 +242,5 @@ class Experiment:
                 if not isinstance(v, list) or k == "confusion"}
         return {"algorithm": self.alg.name, "dataset": self.data.name, "seed": self.cfg.seed,
                 "rounds": self.round, "trainer": self.trainer.name,
-                "seconds": round(self.elapsed, 3), **keep}
+                "seconds": round(self.elapsed, 3), **keep,
+                **({"stopped": self.stopped} if self.stopped else {})}

@@ -1,32 +1,53 @@
-"""A run folder: config.json, metrics.jsonl, summary.json, checkpoint.pt, plots.
+"""A run folder: config.json, metrics.jsonl, summary.json, checkpoint.safetensors, plots.
 
-Writes are atomic (a temporary file, then a rename), so a killed run never leaves a torn file.
+- Writes are atomic (a temporary file, then a rename), so a killed run never leaves a torn file;
+  ``metrics.jsonl`` is appended line by line, and a torn last line (a kill mid-write) is dropped
+  with a warning when it is read.
+- One writer at a time: ``lock(out)`` holds an exclusive ``flock`` on ``out/.protofl.lock``
+  (holder's pid and host written in it). The kernel drops the lock when its process dies, so a
+  lock file left by a dead process is simply taken over.
+- Checkpoints are safetensors plus JSON (``tensorfile``): loading one never runs code.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import math
 import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from protofl.engine import tensorfile
 from protofl.errors import ProtoflError
 
+log = logging.getLogger("protofl")
+
 CONFIG, METRICS, SUMMARY = "config.json", "metrics.jsonl", "summary.json"
-CHECKPOINT = "checkpoint.pt"
+CHECKPOINT = "checkpoint.safetensors"
+LEGACY_CHECKPOINT = "checkpoint.pt"  # written by protofl <= 0.1 with torch.save (pickle)
+LOCK = ".protofl.lock"
+# Every file protofl writes into a run folder; ``--overwrite`` removes these and nothing else.
+ARTEFACTS = (CONFIG, METRICS, SUMMARY, CHECKPOINT, LEGACY_CHECKPOINT, "curves.png",
+             "confusion.png", "tsne.png", "flower.log", "stats.json", "stats.png",
+             "tracking.json")
 
 
-def _clean(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     """JSON-safe: NaN/Inf become null."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 
@@ -40,67 +61,253 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    atomic_write(path, (json.dumps(_clean(obj), indent=2) + "\n").encode())
+    atomic_write(path, (json.dumps(json_safe(obj), indent=2) + "\n").encode())
+
+
+# ---- one writer per folder ----
+_held: dict[Path, tuple[int, int]] = {}  # folder -> (lock fd, nesting depth) in this process
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _holder(fd: int) -> dict:
+    try:
+        return json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, ValueError):
+        return {}
+
+
+@contextmanager
+def lock(out: Path) -> Iterator[None]:
+    """Hold an exclusive lock on run folder ``out`` (created if missing) for the block.
+
+    A second writer, in this or another process on a local file system, gets a ProtoflError
+    naming the holder. Re-entrant within one process. (``flock`` on NFS may not be exclusive
+    across hosts.)"""
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        key = out.resolve()
+    except OSError as e:
+        raise ProtoflError(f"cannot create run folder {out}: {e.strerror}") from None
+    if key in _held:
+        fd, depth = _held[key]
+        _held[key] = (fd, depth + 1)
+        try:
+            yield
+        finally:
+            fd, depth = _held[key]
+            _held[key] = (fd, depth - 1)
+        return
+    try:
+        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ProtoflError(f"cannot lock run folder {out}: {e.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        h = _holder(fd)
+        os.close(fd)
+        who = f"pid {h.get('pid', '?')} on {h.get('host', '?')}" if h else "another process"
+        raise ProtoflError(f"run folder {out} is in use by {who}; wait for that run to end "
+                           "(or stop it), or choose another --out") from None
+    old = _holder(fd)
+    if old.get("pid") and old.get("host") == socket.gethostname() and not _alive(old["pid"]):
+        log.warning("run folder %s: taking over the lock of pid %s, which is no longer running",
+                    out, old["pid"])
+    me = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()})
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, me.encode(), 0)
+    _held[key] = (fd, 1)
+    try:
+        yield
+    finally:
+        del _held[key]
+        os.ftruncate(fd, 0)  # the file stays (unlinking it would race with a waiting opener)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _state(out: Path) -> str:
+    if (out / SUMMARY).exists():
+        return "finished"
+    if (out / CHECKPOINT).exists() or (out / LEGACY_CHECKPOINT).exists():
+        return "resumable"
+    return "no-checkpoint"
 
 
 def prepare(out: Path, overwrite: bool) -> None:
-    """Create the folder; refuse to touch an existing run unless ``overwrite``."""
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise ProtoflError(f"run folder {out} already holds a run; use --resume to continue "
-                               "it, --overwrite to replace it, or another --out")
-        for name in (CONFIG, METRICS, SUMMARY, CHECKPOINT):
-            (out / name).unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
+    """Make ``out`` ready for a fresh run: create it, refuse one that already holds files
+    unless ``overwrite`` (then remove the old run's artefacts). Call it while holding
+    ``lock(out)`` so that no other run can start in between; if another process holds the lock,
+    this refuses."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ProtoflError(f"--out {out} is a file, not a folder")
+    with lock(out):
+        files = [p for p in out.iterdir() if p.name != LOCK]
+        if files and not overwrite:
+            how = {"finished": "use --overwrite to replace it, or another --out",
+                   "resumable": "use --resume to continue it, --overwrite to replace it, or "
+                                "another --out",
+                   "no-checkpoint": "it was stopped before its first checkpoint, so there is "
+                                    "nothing to resume: use --overwrite to start it again, or "
+                                    "another --out"}[_state(out)]
+            raise ProtoflError(f"run folder {out} already holds a run; {how}")
+        if files:
+            clear(out)
+
+
+def clear(out: Path) -> list[str]:
+    """Remove the files protofl writes in a run folder (and their ``.tmp`` twins); others stay.
+    Returns the names removed."""
+    gone = []
+    for name in ARTEFACTS:
+        for p in (out / name, out / (name + ".tmp")):
+            if p.is_file() or p.is_symlink():
+                p.unlink()
+                gone.append(p.name)
+    return gone
+
+
+# ---- metrics ----
+class Metrics(NamedTuple):
+    rows: list[dict]
+    torn: str | None  # the dropped torn last line, if any
 
 
 def append_metrics(out: Path, record: dict) -> None:
     with open(out / METRICS, "a") as f:
-        f.write(json.dumps(_clean(record)) + "\n")
+        f.write(json.dumps(json_safe(record)) + "\n")
         f.flush()
 
 
-def read_metrics(folder: Path) -> list[dict]:
+def read_metrics_checked(folder: Path) -> Metrics:
+    """The rows of ``metrics.jsonl``. A last line with no newline that is not valid JSON was
+    torn by a kill mid-write: it is returned in ``torn``, not in ``rows``. Any other bad line
+    is a ProtoflError."""
     path = Path(folder) / METRICS
     if not path.exists():
         raise ProtoflError(f"{folder} is not a run folder (no {METRICS})")
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise ProtoflError(f"{path}:{i} is not valid JSON") from None
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProtoflError(f"{path} cannot be read: {type(e).__name__}") from None
+    lines = text.split("\n")  # the last item is "" when the file ends with a newline
+    rows, torn = [], None
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines):  # no newline after it: a torn append
+                torn = line
+                break
+            raise ProtoflError(f"{path}:{i} is not valid JSON") from None
+        if not isinstance(row, dict) or not isinstance(row.get("round"), int):
+            raise ProtoflError(f"{path}:{i} is not a metrics record (no integer 'round')")
+        rows.append(row)
+    return Metrics(rows, torn)
+
+
+def read_metrics(folder: Path) -> list[dict]:
+    """The rows of ``metrics.jsonl``; a torn last line is dropped with a warning."""
+    rows, torn = read_metrics_checked(folder)
+    if torn is not None:
+        log.warning("%s: dropped a torn last line (the run was killed while writing it): %.60s",
+                    Path(folder) / METRICS, torn)
     return rows
 
 
 def truncate_metrics(out: Path, last_round: int) -> None:
-    """Drop metric lines past the checkpoint (they are recomputed on resume)."""
+    """Drop metric lines past the checkpoint (they are recomputed on resume), and a torn last
+    line; the file is rewritten atomically."""
     path = out / METRICS
     if path.exists():
         keep = [r for r in read_metrics(out) if r["round"] <= last_round]
-        atomic_write(path, "".join(json.dumps(_clean(r)) + "\n" for r in keep).encode())
+        atomic_write(path, "".join(json.dumps(json_safe(r)) + "\n" for r in keep).encode())
+
+
+def evaluated_rounds(upto: int, eval_every: int, total: int) -> list[int]:
+    """The rounds ``1..upto`` that write a metrics line: every ``eval_every``-th and the last."""
+    return [t for t in range(1, upto + 1) if t % eval_every == 0 or t == total]
+
+
+def check_history(out: Path, checkpoint_round: int, eval_every: int, total: int) -> list[dict]:
+    """Refuse to resume from a checkpoint at ``checkpoint_round`` when ``metrics.jsonl`` lacks
+    any round up to it (deleted, or cut short): the resumed run would silently miss history.
+    Nothing is rebuilt (that would mean re-running those rounds: start again instead).
+    Returns the rows."""
+    path = Path(out) / METRICS
+    need = evaluated_rounds(checkpoint_round, eval_every, total)
+    if not path.exists():
+        if not need:
+            return []
+        raise ProtoflError(f"{out}: {METRICS} is missing but the checkpoint is at round "
+                           f"{checkpoint_round}, so rounds 1-{checkpoint_round} would be lost; "
+                           "restore the file, or start again with --overwrite")
+    rows = read_metrics(out)
+    have = {r["round"] for r in rows}
+    missing = [t for t in need if t not in have]
+    if missing:
+        raise ProtoflError(f"{path} lacks round {missing[0]} (of {len(missing)} missing up to "
+                           f"the checkpoint at round {checkpoint_round}); restore the file, or "
+                           "start again with --overwrite")
+    return rows
+
+
+# ---- checkpoints ----
+def should_checkpoint(round: int, every: int, last: int) -> bool:
+    """Whether round ``round`` writes a checkpoint: every ``every``-th round and always the last
+    one (``every == 0``: only the last)."""
+    return round == last or (every > 0 and round % every == 0)
 
 
 def save_checkpoint(out: Path, payload: dict) -> None:
-    tmp = out / (CHECKPOINT + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, out / CHECKPOINT)
+    """Write ``payload`` (nested dicts/lists/tuples of tensors, ints, floats, bools, strings,
+    None) atomically as ``checkpoint.safetensors``; a pre-0.2 ``checkpoint.pt`` goes."""
+    atomic_write(out / CHECKPOINT, tensorfile.encode(payload))
+    (out / LEGACY_CHECKPOINT).unlink(missing_ok=True)
 
 
 def load_checkpoint(out: Path) -> dict:
+    """The payload ``save_checkpoint`` wrote. A ``checkpoint.pt`` of protofl <= 0.1 is read
+    with ``torch.load(weights_only=True)``, which refuses pickled code."""
     path = out / CHECKPOINT
-    if not path.exists():
-        raise ProtoflError(f"{out} has no {CHECKPOINT} to resume from")
-    try:
-        return torch.load(path, weights_only=False)
-    except Exception as e:  # a torn or foreign file
-        raise ProtoflError(f"{path} cannot be read: {type(e).__name__}") from None
+    if path.exists():
+        try:
+            payload = tensorfile.decode(path.read_bytes())
+        except (OSError, ValueError) as e:
+            raise ProtoflError(f"{path} cannot be read: {e}") from None
+    elif (out / LEGACY_CHECKPOINT).exists():
+        path = out / LEGACY_CHECKPOINT
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # a torn file, or one with pickled code the safe loader refuses
+            raise ProtoflError(f"{path} cannot be read safely: {type(e).__name__}") from None
+    else:
+        raise ProtoflError(f"{out} has no checkpoint to resume from (the run was stopped before "
+                           "its first one); start it again with --overwrite")
+    if not isinstance(payload, dict):
+        raise ProtoflError(f"{path} does not hold a protofl checkpoint")
+    return payload
 
 
 def load_config_json(out: Path) -> dict:
     path = out / CONFIG
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
         raise ProtoflError(f"{out} has no readable {CONFIG}") from None
+    if not isinstance(cfg, dict):
+        raise ProtoflError(f"{path} does not hold a config object")
+    return cfg

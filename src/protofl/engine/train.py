@@ -14,6 +14,7 @@ in float64 and handed to ``client_end`` as ``stats=`` (only when the algorithm r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,6 +51,8 @@ class RoundContext:
     client_states: dict[int, Tensors]  # persistent per-client state, by client
     setup: LocalSetup
     round: int
+    # what a client makes of its upload before sending it (its DP / secure-sum contribution)
+    upload_hook: Callable[[RoundContext, int, Tensors], Tensors] | None = None
 
     def client_state(self, client: int) -> Tensors:
         return self.client_states.get(client, {})
@@ -109,10 +112,10 @@ def add_stats(total: Tensors | None, stats: Tensors) -> Tensors | None:
 
 
 def transformed(alg: Algorithm, work: ClientWork, x: torch.Tensor, y: torch.Tensor
-                ) -> torch.Tensor:
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch through the algorithm's pipeline transform (augmentation), if it has one."""
     if alg.pipeline.transform is None:
-        return x
+        return x, y
     return alg.pipeline.transform(x, y, work.augment_gen, work.class_counts)
 
 
@@ -128,6 +131,8 @@ def finish_client(rc: RoundContext, work: ClientWork, params: Tensors, buffers: 
     extra = {"stats": stats} if stats else {}
     upload, state = rc.alg.client_end(model, params, buffers, rc.broadcast, work.ctx,
                                       client_state, work.x, work.y, **extra)
+    if rc.upload_hook is not None:
+        upload = rc.upload_hook(rc, work.job.client, upload)
     return ClientResult(work.job.client, upload, state, loss)
 
 
@@ -146,8 +151,7 @@ def train_client(rc: RoundContext, job: Job) -> ClientResult:
     model.train()
     total, stats = 0.0, None
     for t, idx in enumerate(work.batches):
-        yb = work.y[idx]
-        xb = transformed(alg, work, work.x[idx], yb)
+        xb, yb = transformed(alg, work, work.x[idx], work.y[idx])
         loss, batch_stats = alg.loss_and_stats(model, params, buffers, xb, yb,
                                                torch.ones(len(yb), dtype=xb.dtype), work.ctx)
         if t >= work.stats_from:

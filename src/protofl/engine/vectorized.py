@@ -209,10 +209,10 @@ def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors
         r = rows[:n, t, :b]
         x, y = data.inputs(data.x_train[r]), data.y_train[r]
         if alg.pipeline.transform is not None:
-            x = x.clone()
+            x, y = x.clone(), y.clone()
             for i in range(n):
                 m = int(sizes[i, t])
-                x[i, :m] = transformed(alg, works[i], x[i, :m], y[i, :m])
+                x[i, :m], y[i, :m] = transformed(alg, works[i], x[i, :m], y[i, :m])
         w = (torch.arange(b) < sizes[:n, t, None]).to(x.dtype)
         p_n = {k: v[:n] for k, v in params.items()}
         grads, (value, stats) = step_fn(p_n, _slice_tree(buffers, bdims, n), x, y, w,

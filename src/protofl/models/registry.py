@@ -14,7 +14,12 @@ MODELS: dict[str, tuple[str, str]] = {
     "leaf_cnn": ("protofl.models.nets:leaf_cnn", "LEAF CNN: conv5x5 32/64, fc 256 (28x28)"),
     "celeba_cnn": ("protofl.models.nets:celeba_cnn", "4 x (conv 32, pool, ReLU) (CelebA)"),
     "resnet18": ("protofl.models.resnet:resnet18", "ResNet-18, d = 512 (medical images)"),
+    "deeplabv3plus": ("protofl.models.deeplab:deeplabv3plus",
+                      "DeepLab-V3+ / MobileNetV2, per-pixel features (segmentation)"),
 }
+
+
+SEG_OPTIONS = ("width", "output_stride", "channels")
 
 
 def _mlp(in_shape, num_classes):
@@ -27,11 +32,20 @@ def _mlp(in_shape, num_classes):
 
 
 def build_model(name: str, in_shape: tuple[int, ...], num_classes: int,
-                cfg: ModelConfig | None = None) -> ProtoNet:
+                cfg: ModelConfig | None = None, **options) -> ProtoNet:
+    """The named model; ``options`` are model-specific keywords (deeplabv3plus: ``width``,
+    ``output_stride``, ``channels``)."""
     if name not in MODELS:
         raise ProtoflError(f"unknown model {name!r}; allowed: {', '.join(MODELS)}")
+    allowed = SEG_OPTIONS if name == "deeplabv3plus" else ()
+    extra = sorted(set(options) - set(allowed))
+    if extra:
+        raise ProtoflError(f"model {name!r} has no option {', '.join(extra)}; allowed: "
+                           f"{', '.join(allowed) or 'none'}")
     module, func = MODELS[name][0].split(":")
     fn = getattr(importlib.import_module(module), func)
     if name == "resnet18":
         return fn(in_shape, num_classes, cfg or ModelConfig())
+    if name == "deeplabv3plus":
+        return fn(in_shape, num_classes, cfg or ModelConfig(), **options)
     return fn(in_shape, num_classes)

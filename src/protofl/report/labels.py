@@ -51,7 +51,8 @@ LEGEND = ("accuracy, balanced accuracy, weighted F1: the final aggregate model o
           "and the per-round evaluation), without loading data or building the model.")
 
 # keys that never explain a difference in results
-IGNORED = {"seed", "checkpoint_every", "data.root", "metrics.eval_batch"}
+IGNORED = {"seed", "checkpoint_every", "data.root", "metrics.eval_batch",
+           "metrics.ffd_reference", "metrics.save_weights", "tracking", "tracking_dir"}
 # keys that define the setting of a table (named in its caption; in row labels when they vary)
 SETTING = ("data.num_clients", "clients.per_round", "rounds", "clients.local_steps",
            "clients.local_epochs", "clients.batch_size", "clients.optimizer", "clients.lr",

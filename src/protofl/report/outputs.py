@@ -4,7 +4,6 @@ without ``overwrite``, and never counting one run twice."""
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -61,19 +60,8 @@ def write_text(path: Path, text: str) -> None:
     write_bytes(path, text.encode())
 
 
-def finite(obj):
-    """JSON-safe: NaN and infinities become null."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [finite(v) for v in obj]
-    return obj
-
-
 def write_json(path: Path, obj) -> None:
-    write_text(path, json.dumps(finite(obj), indent=2, ensure_ascii=False) + "\n")
+    write_text(path, json.dumps(runfolder.json_safe(obj), indent=2, ensure_ascii=False) + "\n")
 
 
 def writable(path: Path) -> None:

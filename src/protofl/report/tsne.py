@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 from protofl.algorithms.base import features  # noqa: E402
 from protofl.engine import runfolder  # noqa: E402
@@ -33,7 +34,7 @@ def tsne_plot(folder: Path, samples: int = 1000, seed: int = 0) -> Path:
     pick = np.sort(np.random.default_rng(seed).permutation(len(y))[:samples])
     exp.alg.model.eval()
     z = features(exp.alg.model, weights["params"], weights["buffers"],
-                 exp.data.inputs(x[pick]))
+                 exp.data.inputs(x[torch.from_numpy(pick)]))
     emb = TSNE(2, init="pca", random_state=seed,
                perplexity=min(30.0, max(2.0, len(pick) / 4))).fit_transform(z.numpy())
     labels = y[pick].numpy()
