@@ -156,3 +156,18 @@ def test_reported_classes_accumulate_in_the_state():
     old = {k: v for k, v in state.items() if k != "reported"}  # a 0.1.0 checkpoint
     old["protos"] = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [3.0, 1.0, 0.0]])
     assert alg.reference_classes(old).tolist() == [True, False, True]
+
+
+def test_client_scores_use_the_same_reference_classes():
+    """scores: client: the broadcast carries the reported-class mask, so a client's own APM is
+    the server's (by hand: sqrt 2 with class 2 unreported)."""
+    model = Mlp(4, 3, hidden=(3,))
+    alg = make_algorithm("fedmargin", {"scores": "client"}, model, 3)
+    state = alg.init_state(alg.model)
+    state["protos"] = torch.tensor([[0.0, 1.0, 2.0], [2.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    state["reported"] = torch.tensor([1.0, 1.0, 0.0])
+    b = alg.broadcast(state)
+    assert b["reference"].tolist() == [1.0, 1.0, 0.0]
+    p = torch.tensor([[0.0, 2.0, 4.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    _, apm = alg.scores_of(p, p, torch.tensor([5.0, 0.0, 0.0]), b["protos"], b["reference"] > 0)
+    assert math.isclose(float(apm), math.sqrt(2.0), rel_tol=1e-6)
