@@ -110,6 +110,12 @@ def test_listings(capsys):
     assert main(["algorithms"]) == 0
     out = capsys.readouterr().out
     assert "fedmargin" in out and "pgfl" in out and "Tan et al." in out
+    assert "source:" not in out
+    assert main(["algorithms", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if 'optimizer="adam"' in x)
+    assert 'lr=0.0001' in line and "batch_size=128" in line and "local_epochs=5" in line
+    assert "source: Kumar" in out and "influence=\"last_epoch\"" in out
     assert main(["datasets"]) == 0
     assert "synthetic" in capsys.readouterr().out
     assert main(["suites"]) == 0

@@ -64,7 +64,9 @@ def test_client_figures_by_hand():
     preds = {0: (torch.tensor([0, 1, 1, 1]), torch.tensor([0, 1, 0, 0])),  # 2/4 right
              3: (torch.tensor([2, 2]), torch.tensor([2, 2]))}  # 2/2 right
     out = client_figures(preds, 3, pooled=False)
-    assert out == {"local_accuracy": 0.75, "client_accuracy": {"0": 0.5, "3": 1.0}}
+    assert out == {"local_accuracy": 0.75, "client_accuracy": {"0": 0.5, "3": 1.0},
+                   "clients_evaluated": 2}
+    assert client_figures({}, 3, pooled=True) == {"clients_evaluated": 0}
     pooled = client_figures(preds, 3, pooled=True)
     assert pooled["accuracy"] == pytest.approx(4 / 6) and pooled["local_accuracy"] == 0.75
 
@@ -161,9 +163,15 @@ def test_personalised_clients_use_their_own_models():
     assert alg.personalized
     params, buffers = split_state(model)
     zero = {k: torch.zeros_like(v) for k, v in params.items()}
-    got = client_predictions(alg, model, alg.init_state(model), data,
-                             {2: {"params": zero, "buffers": buffers}})
-    assert list(got) == [2] and (got[2][1] == got[2][1][0]).all()  # all-zero model: one class
+    state = alg.init_state(model)
+    got = client_predictions(alg, model, state, data, {2: {"params": zero, "buffers": buffers}})
+    assert list(got) == [0, 1, 2, 3]  # every client is scored
+    assert (got[2][1] == got[2][1][0]).all()  # its own all-zero model: one class
+    # a client that has not trained yet: the model it would start from (the initial one)
+    x, _ = data.client_test(0)
+    want = alg.predict(model, state["init"]["params"], state["init"]["buffers"], state,
+                       data.inputs(x)).argmax(1)
+    assert torch.equal(got[0][1], want)
 
 
 def test_sizes_of_zero_switch_figures_off():

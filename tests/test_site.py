@@ -213,6 +213,7 @@ def test_pooled_figures_weigh_sites_by_size():
     assert got["loss"] == pytest.approx((2.0 + 3.0) / 5)
     assert got["local_accuracy"] == pytest.approx((3 / 4 + 0) / 2)
     assert got["client_accuracy"] == {"0": 0.75, "1": 0.0}
+    assert got["clients_evaluated"] == 2
     ref = report(np.concatenate([y0, y1]), np.concatenate([p0, p1]), 2)
     for k in ("balanced_accuracy", "f1_macro", "precision_weighted", "confusion"):
         assert got[k] == ref[k]

@@ -1,8 +1,11 @@
-"""Suite planning: the FFD reference runs come first and every other run reads its own."""
+"""Suite planning: the FFD reference runs come first and every other run reads its own; the
+fedproin comparison trains fedproin with its paper's optimizer, the baselines with the
+suite's shared local setup."""
 
 from pathlib import Path
 
-from protofl.config import config_from_dict
+from protofl.algorithms.registry import algorithm_class
+from protofl.config import config_from_dict, resolve_defaults
 from protofl.suites import phases, plan
 
 
@@ -34,3 +37,15 @@ def test_suites_without_ffd_run_in_one_phase(tmp_path):
     main = plan("main", tmp_path, seeds=(0,))
     assert phases([j for j in main if j[0]["algorithm"] != "central"]) == [
         [j for j in main if j[0]["algorithm"] != "central"]]
+
+
+def test_fedproin_suite_uses_fedproins_own_optimizer():
+    seen = set()
+    for raw, folder in plan("fedproin", Path("out"), seeds=(0,)):
+        cfg = config_from_dict(raw)
+        c = resolve_defaults(cfg.clients, algorithm_class(cfg.algorithm).client_defaults)
+        want = ("adam", 1e-4) if cfg.algorithm == "fedproin" else ("adam", 1e-3)
+        assert (c.optimizer, c.lr) == want, folder
+        assert (c.local_steps, c.batch_size, c.momentum, c.weight_decay) == (10, 32, 0.0, 0.0)
+        seen.add(cfg.algorithm)
+    assert {"fedproin", "moon", "fedavg"} <= seen

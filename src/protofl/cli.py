@@ -125,11 +125,36 @@ def cmd_suite(args) -> int:
     return 0
 
 
+def algorithm_details(name: str) -> list[str]:
+    """``protofl algorithms --verbose``: an algorithm's paper settings of ``clients.*`` (and
+    their source) and its ``algo.*`` options with their defaults."""
+    import json
+
+    from protofl.algorithms.registry import algorithm_class
+    from protofl.config import declared
+
+    cls = algorithm_class(name)
+    lines = []
+    if cls.client_defaults:
+        shown = ", ".join(f"{k}={json.dumps(v)}" for k, v in cls.client_defaults.items())
+        lines.append(f"clients.* where the config leaves them null: {shown}")
+        if cls.client_defaults_source:
+            lines.append(f"  source: {cls.client_defaults_source}")
+    else:
+        lines.append("clients.*: the config's (no paper settings)")
+    opts = [f"{n}={json.dumps(d)}" for n, _, d, _ in declared(cls.Options)]
+    lines.append("algo.*: " + (", ".join(opts) if opts else "none"))
+    return lines
+
+
 def cmd_algorithms(args) -> int:
     from protofl.algorithms.registry import ALGORITHMS, ALIASES, algorithm_class
 
     for name in ALGORITHMS:
         print(f"{name:12s} {algorithm_class(name).description}")
+        if args.details:
+            for line in algorithm_details(name):
+                print(" " * 13 + line)
     for alias, target in ALIASES.items():
         print(f"{alias:12s} alias of {target}")
     print(NAMES_NOTE)
@@ -162,7 +187,9 @@ def options_markdown() -> str:
         if cls.client_defaults:
             shown = ", ".join(f"`clients.{k}: {json.dumps(v)}`"
                               for k, v in cls.client_defaults.items())
-            parts += [f"Defaults it sets where the config leaves them null: {shown}.", ""]
+            parts += [f"Defaults it sets where the config leaves them null: {shown}."
+                      + (f" Source: {cls.client_defaults_source}." if cls.client_defaults_source
+                         else ""), ""]
     return "\n".join(parts)
 
 
@@ -284,8 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override every run")
     q.set_defaults(func=cmd_suite)
 
-    for name, func, text in (("algorithms", cmd_algorithms, "list the algorithms"),
-                             ("datasets", cmd_datasets, "list the datasets"),
+    q = sub.add_parser("algorithms", help="list the algorithms")
+    q.add_argument("--verbose", dest="details", action="store_true",
+                   help="also each algorithm's paper settings of clients.* and its options")
+    q.set_defaults(func=cmd_algorithms)
+    for name, func, text in (("datasets", cmd_datasets, "list the datasets"),
                              ("suites", cmd_suites, "list the experiment suites"),
                              ("options", cmd_options,
                               "every config and algorithm option, as Markdown tables")):

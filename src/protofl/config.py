@@ -178,16 +178,16 @@ class ModelConfig:
 @dataclass
 class ClientConfig:
     per_round: int = option(10, "K', active clients per round", ge=1)
-    local_epochs: int = option(1, "E, local epochs per round", ge=1)
+    local_epochs: int | None = option(None, "E, local epochs per round", ge=1, fallback=1)
     local_steps: int | None = option(None, "if set, exactly this many local batches per round "
                                            "instead of epochs", ge=1)
-    batch_size: int = option(10, "local batch size", ge=1)
-    optimizer: str = option("sgd", "local optimizer (its state lives for one round)",
-                            choices=("sgd", "adam"))
-    lr: float = option(0.01, "local learning rate", gt=0, le=FLOAT32_MAX)
-    momentum: float = option(0.0, "SGD momentum", ge=0, lt=1)
-    weight_decay: float = option(0.0, "L2 weight decay of the local optimizer", ge=0,
-                                 le=FLOAT32_MAX)
+    batch_size: int | None = option(None, "local batch size", ge=1, fallback=10)
+    optimizer: str | None = option(None, "local optimizer (its state lives for one round)",
+                                   choices=("sgd", "adam"), fallback="sgd")
+    lr: float | None = option(None, "local learning rate", gt=0, le=FLOAT32_MAX, fallback=0.01)
+    momentum: float | None = option(None, "SGD momentum", ge=0, lt=1, fallback=0.0)
+    weight_decay: float | None = option(None, "L2 weight decay of the local optimizer", ge=0,
+                                        le=FLOAT32_MAX, fallback=0.0)
     stragglers: float = option(0.0, "δ, the share of active clients doing partial work",
                                ge=0, lt=1)
     tolerate_partial: bool | None = option(

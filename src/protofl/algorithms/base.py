@@ -5,9 +5,9 @@ round loop call the same functions::
 
     broadcast = alg.broadcast(state)                                    # server -> client
     ctx  = alg.client_begin(model, broadcast, client_state, x, y)       # before local training
-    loss = alg.loss(model, params, buffers, x, y, w, ctx)               # functional, vmap-able
+    loss, stats = alg.loss_and_stats(model, params, buffers, x, y, w, ctx)  # vmap-able
     upload, client_state = alg.client_end(model, params, buffers, broadcast, ctx,
-                                          client_state, x, y)
+                                          client_state, x, y[, stats=last_pass_sums])
     state, diagnostics = alg.aggregate(state, uploads, round)           # client -> server
 
 ``params``/``buffers`` are name -> tensor dicts of the model; ``w`` weights each sample (1 for
@@ -156,8 +156,10 @@ class Algorithm:
     name: ClassVar[str] = "base"
     description: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions  # a dataclass of declared options (config.option)
-    # the paper's settings of `clients.*` keys, used where the config leaves them null
+    # the paper's settings of `clients.*` keys, used where the config leaves them null, and
+    # where they come from (shown by `protofl algorithms --verbose`)
     client_defaults: ClassVar[dict[str, Any]] = {}
+    client_defaults_source: ClassVar[str] = ""
     personalized: ClassVar[bool] = False  # each client keeps and is evaluated with its own model
     centralized: ClassVar[bool] = False  # trained on the pooled data (the central baseline)
     # client-level DP and secure sums (docs/privacy.md): why the server rule needs each client's
@@ -247,10 +249,12 @@ class Algorithm:
 
     def eval_weights(self, state: Tensors, client_state: Tensors) -> Weights | None:
         """The weights a client's local test split is scored with: the aggregate model's, or
-        (personalised methods) the client's own, None while it has none."""
+        (personalised methods) the client's own, and for a client that has not trained yet
+        the weights it would start from (``local_start`` of this state's broadcast)."""
         if self.personalized:
-            return ({"params": client_state["params"], "buffers": client_state["buffers"]}
-                    if "params" in client_state else None)
+            if "params" in client_state:
+                return {"params": client_state["params"], "buffers": client_state["buffers"]}
+            return self.local_start(self.broadcast(state), client_state)
         return self.global_weights(state)
 
     # ---- client side ----
@@ -269,6 +273,19 @@ class Algorithm:
         """Weighted mean local loss: cross-entropy."""
         _, logits = forward(model, params, buffers, x)
         return weighted_mean(tasks.per_sample_cross_entropy(logits, y), w)
+
+    def loss_and_stats(self, model: ProtoNet, params: Tensors, buffers: Tensors,
+                       x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, ctx: Tensors
+                       ) -> tuple[torch.Tensor, Tensors]:
+        """The loss and statistics of the same forward pass (what the trainers call).
+
+        Statistics are a dict of tensors, each a sum over the batch's rows weighted by ``w``
+        (padding rows count 0), so they add up across batches. The trainers sum them over
+        the client's last pass (the last local epoch; with ``local_steps`` the last
+        ``ceil(epoch length / batch size)`` steps) and pass the sums to ``client_end`` as
+        ``stats=``: an algorithm that returns statistics accepts that keyword. Default: the
+        loss and no statistics."""
+        return self.loss(model, params, buffers, x, y, w, ctx), {}
 
     def client_end(self, model: ProtoNet, params: Tensors, buffers: Tensors, broadcast: Tensors,
                    ctx: Tensors, client_state: Tensors, x: torch.Tensor, y: torch.Tensor

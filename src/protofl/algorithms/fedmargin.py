@@ -10,6 +10,12 @@ Variant ``scores: client``: every input of a client's score is on the client (th
 W^t and P^{t-1}, its P~_k and P_k), so each client computes its unnormalised attention itself
 and uploads it instead of P~_k; the server then needs only sums (secure aggregation) and gets
 the same weights, but can no longer check them (docs/privacy.md).
+
+APM's reference set (``apm_reference``): ``reported`` (default) compares with the classes of
+P^{t-1} that some client has reported so far (the server state's ``reported`` mask, broadcast
+with P^{t-1} when clients score), so a class no client has held yet (still the zero vector of
+P^0) is neither a d+ counterpart nor a d- candidate; ``all`` takes every class of P^{t-1},
+zero vectors included (protofl 0.1.0).
 """
 
 from __future__ import annotations
@@ -51,6 +57,10 @@ class MarginOptions:
                                    "prototypes (published), or each client itself (secure "
                                    "aggregation; the server cannot check it)",
                          choices=("server", "client"))
+    apm_reference: str = option("reported", "APM compares with the aggregate prototypes of the "
+                                            "classes some client has reported, or with all "
+                                            "(zero vectors of unseen classes included)",
+                                choices=("reported", "all"))
 
 
 class MarginUpload(WeightsUpload, total=False):
@@ -62,6 +72,7 @@ class MarginUpload(WeightsUpload, total=False):
 
 class MarginState(Weights):
     protos: torch.Tensor  # the aggregate prototypes P^t (C, d); P^0 = 0
+    reported: torch.Tensor  # (C,) 1 for the classes some client has reported so far
 
 
 def class_scores(p: torch.Tensor, q: torch.Tensor, present_p: torch.Tensor,
@@ -93,6 +104,14 @@ def raw_attention(lpm: torch.Tensor, apm: torch.Tensor, opts: MarginOptions) -> 
     return s_l * s_a if opts.combine == "product" else s_l + s_a
 
 
+def reported(state: Tensors) -> torch.Tensor:
+    """The classes some client has reported (bool ``(C,)``); a state saved before the mask
+    existed (protofl 0.1.0) stands for it with its non-zero prototype rows."""
+    if "reported" in state:
+        return state["reported"] > 0
+    return (state["protos"] != 0).any(dim=1)
+
+
 def attention_bound(opts: MarginOptions) -> float:
     return 2.0 if opts.clues == "both" and opts.combine == "sum" else 1.0
 
@@ -109,19 +128,29 @@ class FedMargin(Algorithm):
                    "prototype-margin attention, weighted sampling, partial work tolerated")
     Options = MarginOptions
     client_defaults = {"tolerate_partial": True, "sampling": "weighted"}
+    client_defaults_source = ("the first seed: weighted client sampling, partial work "
+                              "tolerated (its optimiser settings are per dataset: configs/)")
 
     @property
     def client_scores(self) -> bool:
         return self.opts.scores == "client"
 
     def init_state(self, model) -> MarginState:
-        return {**super().init_state(model), "protos": torch.zeros(self.num_classes,
-                                                                    model.feature_dim)}
+        return {**super().init_state(model),
+                "protos": torch.zeros(self.num_classes, model.feature_dim),
+                "reported": torch.zeros(self.num_classes)}
+
+    def reference_classes(self, state: Tensors) -> torch.Tensor:
+        """The classes of P^{t-1} APM compares with (a bool mask ``(C,)``)."""
+        if self.opts.apm_reference == "all":
+            return torch.ones(self.num_classes, dtype=torch.bool)
+        return reported(state)
 
     def broadcast(self, state):
         out = super().broadcast(state)
-        if self.client_scores:
-            out["protos"] = state["protos"]  # P^{t-1}: the clients score APM themselves
+        if self.client_scores:  # the clients score APM themselves against P^{t-1}
+            out["protos"] = state["protos"]
+            out["reference"] = self.reference_classes(state).to(state["protos"].dtype)
         return out
 
     def client_begin(self, model, broadcast, client_state, x, y):
@@ -136,37 +165,40 @@ class FedMargin(Algorithm):
                                                       self.num_classes)
         if self.client_scores:
             lpm, apm = self.scores_of(up["protos"], ctx["protos_before"], up["counts"],
-                                      broadcast["protos"])
+                                      broadcast["protos"], broadcast["reference"] > 0)
             up["attention"] = raw_attention(lpm, apm, self.opts)
         else:
             up["protos_before"] = ctx["protos_before"]
         return up, client_state
 
     def scores_of(self, protos: torch.Tensor, before: torch.Tensor, counts: torch.Tensor,
-                  server_protos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One client's reduced LPM and APM (float64 scalars)."""
+                  server_protos: torch.Tensor, reference: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One client's reduced LPM and APM (float64 scalars); APM against the classes
+        ``reference`` (a bool mask; default every class) of ``server_protos``."""
         opts = self.opts
         present = counts > 0
-        everything = torch.ones(self.num_classes, dtype=torch.bool)
+        if reference is None:
+            reference = torch.ones(self.num_classes, dtype=torch.bool)
         p = protos.to(torch.float64)
         lpm = reduce_classes(class_scores(p, before.to(torch.float64), present, present, opts),
                              opts.reduce)
         apm = reduce_classes(class_scores(p, server_protos.to(torch.float64), present,
-                                          everything, opts), opts.reduce)
+                                          reference, opts), opts.reduce)
         return lpm, apm
 
-    def margins(self, uploads: list[Tensors], server_protos: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def margins(self, uploads: list[Tensors], server_protos: torch.Tensor,
+                reference: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Reduced LPM and APM of every upload, ``(K',)`` each (scores: server)."""
-        pairs = [self.scores_of(u["protos"], u["protos_before"], u["counts"], server_protos)
-                 for u in uploads]
+        pairs = [self.scores_of(u["protos"], u["protos_before"], u["counts"], server_protos,
+                                reference) for u in uploads]
         return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
     def aggregation_weights(self, uploads, state):
         fedavg = sample_weights(uploads)
         diag = {"fedavg_weights": fedavg.tolist()}
         if not self.client_scores:
-            lpm, apm = self.margins(uploads, state["protos"])
+            lpm, apm = self.margins(uploads, state["protos"], self.reference_classes(state))
             diag.update(lpm=lpm.tolist(), apm=apm.tolist())
         if self.opts.weights == "fedavg":
             return fedavg, diag
@@ -185,16 +217,18 @@ class FedMargin(Algorithm):
         if self.client_scores:
             return upload["attention"].to(torch.float64)
         return raw_attention(*self.scores_of(upload["protos"], upload["protos_before"],
-                                             upload["counts"], state["protos"]), self.opts)
+                                             upload["counts"], state["protos"],
+                                             self.reference_classes(state)), self.opts)
 
     def client_weight_bound(self):
         return {"fedavg": None, "fair": 1.0}.get(self.opts.weights, attention_bound(self.opts))
 
     def aggregate(self, state, uploads, round):
         new, diag = super().aggregate(state, uploads, round)
+        counts = torch.stack([u["counts"] for u in uploads])
         new["protos"] = prototype_math.aggregate_prototypes(
-            torch.stack([u["protos"] for u in uploads]),
-            torch.stack([u["counts"] for u in uploads]), state["protos"])
+            torch.stack([u["protos"] for u in uploads]), counts, state["protos"])
+        new["reported"] = (reported(state) | (counts > 0).any(dim=0)).to(new["protos"].dtype)
         return new, diag
 
     def sums_reason(self):
@@ -210,6 +244,7 @@ class FedMargin(Algorithm):
         new["params"], new["buffers"] = mean["params"], mean.get("buffers", {})
         new["protos"] = prototype_math.aggregate_prototypes(
             mean["protos"].unsqueeze(0), mean["counts"].unsqueeze(0), state["protos"])
+        new["reported"] = (reported(state) | (mean["counts"] > 0)).to(new["protos"].dtype)
         return new, {}
 
     def upload_spec(self):

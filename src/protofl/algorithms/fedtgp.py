@@ -107,6 +107,9 @@ class FedTGP(FedProto):
     description = ("FedTGP (Zhang et al. 2024): personalised models, CE + lambda MSE to "
                    "server-trained global prototypes (adaptive-margin contrastive loss)")
     Options = FedTGPOptions
+    client_defaults = {"optimizer": "sgd", "lr": 0.01, "batch_size": 10, "local_epochs": 1}
+    client_defaults_source = ("Zhang et al. 2024 (the authors' run script): SGD, lr 0.01, "
+                              "batch 10, E = 1")
     needs_individual = "its server trains the prototype generator on every client's prototypes"
     private_fallback = ("under DP the generator trains on the noised mean prototype of each "
                         "class instead (one row per class)")

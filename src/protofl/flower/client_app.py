@@ -117,7 +117,7 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """This client's score on its held-out split: its confusion matrix and summed loss, with
     the model it is evaluated with (``eval_weights``: the global one, or a personalised
-    client's own; an empty score when it has none yet)."""
+    client's own, before its first round the one it would start from)."""
     job = msg.content.config_records["job"]
     pid, _ = partition_of(context)
     b = node_experiment(str(job["config"]), context)

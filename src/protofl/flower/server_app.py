@@ -294,6 +294,7 @@ class RemoteTestMetrics(TestMetrics):
                 return
         pooled = pooled_figures(self.trainer.evaluations(exp.state, exp.round))
         if not pooled:
+            record.setdefault("clients_evaluated", 0)
             return
         if not sites:  # personalised methods, as the engine scores them (no loss)
             pooled.pop("loss")

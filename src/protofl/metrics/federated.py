@@ -59,8 +59,9 @@ def client_predictions(alg: Algorithm, model: ProtoNet, state: Tensors, data: Fe
                        clients: list[int] | None = None
                        ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """``client -> (labels, predictions)`` on each client's own local test split (all clients,
-    or ``clients``), with the aggregate model, or (personalised methods) the client's own
-    where it has one.
+    or ``clients``), with the weights ``alg.eval_weights`` gives it: the aggregate model's,
+    or (personalised methods) the client's own, before its first round the one it would start
+    from.
 
     Every client scored with the aggregate weights is scored in one pass over their
     concatenated test rows, split back by the offsets; only personalised models go one by one.
@@ -91,17 +92,19 @@ def client_predictions(alg: Algorithm, model: ProtoNet, state: Tensors, data: Fe
 
 def client_figures(preds: dict[int, tuple[torch.Tensor, torch.Tensor]], num_classes: int,
                    pooled: bool) -> dict:
-    """``local_accuracy`` (mean over clients) and ``client_accuracy`` (per client, by id);
-    with ``pooled``, also the classification report of all clients' predictions together
-    (how personalised methods are scored)."""
+    """``local_accuracy`` (mean over clients), ``client_accuracy`` (per client, by id) and
+    ``clients_evaluated`` (how many clients those figures cover); with ``pooled``, also the
+    classification report of all clients' predictions together (how personalised methods are
+    scored)."""
     if not preds:
-        return {}
+        return {"clients_evaluated": 0}
     ks = sorted(preds)
     accs = [float((preds[k][1] == preds[k][0]).float().mean()) for k in ks]
     out = report(torch.cat([preds[k][0] for k in ks]).numpy(),
                  torch.cat([preds[k][1] for k in ks]).numpy(), num_classes) if pooled else {}
     out["local_accuracy"] = float(np.mean(accs))
     out["client_accuracy"] = dict(zip(map(str, ks), accs))
+    out["clients_evaluated"] = len(ks)
     return out
 
 

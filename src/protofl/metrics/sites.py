@@ -44,8 +44,9 @@ def score_split(alg: Algorithm, model: ProtoNet, weights: Weights | None, state:
 def pooled_figures(sites: dict[int, SiteScore]) -> dict:
     """The classification report of all sites' samples together (from the summed confusion
     matrices), ``loss`` (summed cross-entropy / samples), ``local_accuracy`` (the mean of the
-    sites' accuracies) and ``client_accuracy`` (by site); sites without samples are left
-    out, and nothing is returned when none has any."""
+    sites' accuracies), ``client_accuracy`` (by site) and ``clients_evaluated`` (how many
+    sites those cover); sites without samples are left out, and nothing is returned when
+    none has any."""
     ks = sorted(k for k, s in sites.items() if s.n > 0)
     if not ks:
         return {}
@@ -54,4 +55,5 @@ def pooled_figures(sites: dict[int, SiteScore]) -> dict:
     accs = [float(np.trace(sites[k].confusion) / sites[k].n) for k in ks]
     out["local_accuracy"] = float(np.mean(accs))
     out["client_accuracy"] = dict(zip(map(str, ks), accs))
+    out["clients_evaluated"] = len(ks)
     return out
