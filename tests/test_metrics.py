@@ -59,6 +59,26 @@ def test_amm_by_hand():
     assert amm == pytest.approx(np.sqrt(2), rel=1e-6)
 
 
+def test_amm_leaves_out_classes_no_client_reported():
+    """Class 2 was never reported: its aggregate row is still the zero vector P^0, which
+    normalises to 0 and would be the nearest "other class" of class 0 ([0, .5] -> d- = .5)."""
+    server = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
+    client = torch.tensor([[[0.0, 1.0], [1.0, 0.0], [0.0, 0.0]]])
+    counts = torch.tensor([[2.0, 3.0, 0.0]])
+    reported = torch.tensor([True, True, False])
+    amm = aggregate_mean_margin(client, counts, server, reported)
+    assert amm == pytest.approx(np.sqrt(2), rel=1e-6)  # d- over classes 0 and 1 only
+    everything = aggregate_mean_margin(client, counts, server)
+    assert everything == pytest.approx(1.0, rel=1e-6)  # min(sqrt 2, 1): the zero row is nearer
+
+
+def test_amm_callback_tracks_reported_classes(tiny_digits):
+    exp, _ = tiny_digits("fedavg")
+    amm = next(cb for cb in exp.callbacks if type(cb).__name__ == "Amm")
+    present = torch.as_tensor(exp.data.class_counts.sum(0) > 0)
+    assert amm.reported is not None and bool((amm.reported <= present).all())
+
+
 def test_client_figures_by_hand():
     from protofl.metrics.federated import client_figures
     preds = {0: (torch.tensor([0, 1, 1, 1]), torch.tensor([0, 1, 0, 0])),  # 2/4 right

@@ -74,12 +74,14 @@ class Callback:
 
 class Amm(Callback):
     """The aggregate mean margin: SPM of each client's prototypes against the count-weighted
-    aggregate of the prototypes seen so far (``metrics.amm``). A client whose prototypes count
+    aggregate of the prototypes seen so far, over the classes some client has reported
+    (``metrics.amm``). A client whose prototypes count
     no sample is left out: its upload holds none and its data are not here (a Flower site),
     so an algorithm that uploads weights only has no AMM in site mode."""
 
     def __init__(self) -> None:
         self.reference: torch.Tensor | None = None  # aggregate prototypes (C, d)
+        self.reported: torch.Tensor | None = None  # (C,) classes some client has reported
 
     def after_aggregate(self, exp, record, results):
         if not exp.cfg.metrics.amm or not results or not exp.individual:
@@ -91,13 +93,16 @@ class Amm(Callback):
         protos, counts = torch.stack([p for p, _ in pairs]), torch.stack([n for _, n in pairs])
         previous = self.reference if self.reference is not None else torch.zeros_like(protos[0])
         self.reference = prototype_math.aggregate_prototypes(protos, counts, previous)
-        record["amm"] = fm.aggregate_mean_margin(protos, counts, self.reference)
+        seen = (counts > 0).any(0)
+        self.reported = seen if self.reported is None else self.reported | seen
+        record["amm"] = fm.aggregate_mean_margin(protos, counts, self.reference, self.reported)
 
     def state_dict(self):
-        return {} if self.reference is None else {"reference": self.reference}
+        return {} if self.reference is None else {"reference": self.reference,
+                                                  "reported": self.reported}
 
     def load_state_dict(self, state):
-        self.reference = state.get("reference")
+        self.reference, self.reported = state.get("reference"), state.get("reported")
 
 
 class TestMetrics(Callback):

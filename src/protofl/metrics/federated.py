@@ -193,14 +193,16 @@ def expensive_due(round_: int, every: int, last: int) -> bool:
     return every > 0 and (round_ % every == 0 or round_ == last)
 
 
-def aggregate_mean_margin(protos: torch.Tensor, counts: torch.Tensor, server: torch.Tensor
-                          ) -> float:
+def aggregate_mean_margin(protos: torch.Tensor, counts: torch.Tensor, server: torch.Tensor,
+                          reported: torch.Tensor | None = None) -> float:
     """AMM: mean over clients and their present classes of SPM(P_k, P) against the aggregate
-    prototypes ``server`` (all classes present). ``protos (K, C, d)``, ``counts (K, C)``."""
-    everything = torch.ones(server.shape[0], dtype=torch.bool)
+    prototypes ``server`` of the classes in ``reported`` (default: all; a class no client has
+    reported is a zero vector, not a prototype). ``protos (K, C, d)``, ``counts (K, C)``."""
+    if reported is None:
+        reported = torch.ones(server.shape[0], dtype=torch.bool)
     vals = []
     for p, n in zip(protos, counts):
-        s = prototype_math.spm(p.double(), server.double(), n > 0, everything)
+        s = prototype_math.spm(p.double(), server.double(), n > 0, reported)
         vals.append(s[~torch.isnan(s)])
     v = torch.cat(vals) if vals else torch.empty(0)
     return float(v.mean()) if len(v) else float("nan")
