@@ -33,6 +33,8 @@ def _config(args) -> Config:
             raw[key] = getattr(args, flag)
     if getattr(args, "dataset", None):
         raw.setdefault("data", {})["name"] = args.dataset
+    if getattr(args, "device", None):
+        raw["device"] = args.device
     for s in args.set or []:
         apply_set(raw, s)
     return config_from_dict(raw)
@@ -47,8 +49,9 @@ def cmd_run(args) -> int:
                  if getattr(args, flag) is not None and getattr(args, flag) is not False]
         if given:
             raise ProtoflError(f"--resume continues a run as it was configured; only --rounds "
-                               f"(to extend it) may be given, not --{given[0]}")
-        summary = resume_experiment(Path(args.resume), args.rounds, progress=not args.quiet)
+                               f"(to extend it) and --device may be given, not --{given[0]}")
+        summary = resume_experiment(Path(args.resume), args.rounds, progress=not args.quiet,
+                                    device=args.device)
         out = Path(args.resume)
     else:
         cfg = _config(args)
@@ -107,6 +110,8 @@ def cmd_suite(args) -> int:
     overrides: dict = {}
     if args.rounds is not None:
         overrides["rounds"] = args.rounds
+    if args.device:
+        overrides["device"] = args.device
     for s in args.set or []:
         apply_set(overrides, s)
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
@@ -229,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a config key, e.g. clients.lr=0.05 (repeatable)")
         if with_out:
+            q.add_argument("--device", help="where to train: auto (CUDA when present), cpu, "
+                           "cuda, cuda:N or mps")
             q.add_argument("--out", help="run folder (default: runs/<alg>_<data>_seed<s>_<time>)")
 
     q = sub.add_parser("run", help="run one experiment (default: fedmargin on Synthetic(1,1))",
@@ -268,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--seeds", help="comma-separated seeds (default: the suite's)")
     q.add_argument("--rounds", type=int, help="override every run's rounds")
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override every run")
+    q.add_argument("--device", help="every run's device (auto, cpu, cuda, cuda:N or mps)")
     q.set_defaults(func=cmd_suite)
 
     for name, func, text in (("algorithms", cmd_algorithms, "list the algorithms"),

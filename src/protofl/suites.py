@@ -107,9 +107,10 @@ def _one(args: tuple[dict, str, bool]) -> str:
     from protofl.api import run_experiment
     from protofl.config import config_from_dict
 
-    # one thread per worker process (the pool already uses every core)
-    run_experiment(config_from_dict({"threads": 1, **raw}), Path(out), overwrite=True,
-                   progress=progress)
+    # one thread and no worker processes of its own per suite process (the pool already uses
+    # every core)
+    run_experiment(config_from_dict({"threads": 1, "workers": 1, **raw}), Path(out),
+                   overwrite=True, progress=progress)
     return out
 
 

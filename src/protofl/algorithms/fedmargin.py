@@ -112,7 +112,8 @@ class FedMargin(Algorithm):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Reduced LPM and APM of every upload, ``(K',)`` each."""
         opts = self.opts
-        everything = torch.ones(self.num_classes, dtype=torch.bool)
+        everything = torch.ones(self.num_classes, dtype=torch.bool,
+                                device=server_protos.device)
         lpm, apm = [], []
         for u in uploads:
             present = u["counts"] > 0

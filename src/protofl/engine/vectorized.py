@@ -8,7 +8,9 @@ number of steps (most first), so those that still have a step form a prefix ``[:
 stack: the others (stragglers, small clients) are left out of the step, their weights and
 optimizer state untouched. Batches of unequal size are padded by repeating a real row with
 weight ``w = 0`` (losses are weighted means, so padding changes nothing). Clients are trained in
-chunks whose estimated memory fits a budget; only active clients are ever stacked.
+chunks whose estimated memory fits a budget (on CUDA, a share of the device's free memory);
+only active clients are ever stacked. On a device, each step's rows are gathered in host memory
+and copied over (through pinned memory on CUDA).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch.func import grad_and_value, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from protofl.algorithms.base import Algorithm, Tensors
+from protofl.engine import device as devices
 from protofl.engine import optim
 from protofl.engine.train import (
     ClientResult,
@@ -29,6 +32,7 @@ from protofl.engine.train import (
     RoundContext,
     SequentialTrainer,
     finish_client,
+    placed,
     prepare_client,
     transformed,
 )
@@ -53,16 +57,29 @@ def vectorize_reason(model: ProtoNet) -> str | None:
     return None
 
 
+def precision_reason(precision: str) -> str | None:
+    """None when ``precision`` trains vectorized; why not for fp16 (its loss scaler skips and
+    rescales each client's steps on its own, which the sequential trainer does with
+    ``torch.amp.GradScaler``)."""
+    if precision == "fp16":
+        return "fp16 training scales each client's loss with its own GradScaler"
+    return None
+
+
 def _log_once(message: str) -> None:
     if message not in _logged:
         _logged.add(message)
         log.info(message)
 
 
-def memory_budget() -> int:
-    """Bytes a chunk may use: ``$PROTOFL_VECTORIZED_BUDGET_MB`` or 1 GiB."""
+def memory_budget(device: torch.device | str = "cpu") -> int:
+    """Bytes a chunk may use: ``$PROTOFL_VECTORIZED_BUDGET_MB``, else on CUDA a share of the
+    device's free memory (``device.free_memory``), else 1 GiB."""
     mb = os.environ.get(BUDGET_ENV)
-    return int(float(mb) * (1 << 20)) if mb else DEFAULT_BUDGET
+    if mb:
+        return int(float(mb) * (1 << 20))
+    free = devices.free_memory(device)
+    return DEFAULT_BUDGET if free is None else free
 
 
 def activation_bytes(model: ProtoNet, params: Tensors, buffers: Tensors,
@@ -103,8 +120,8 @@ def trained_params(alg: Algorithm, work: ClientWork, start: Tensors) -> list[str
     x, y = work.x[idx], work.y[idx]
     model = alg.model
     model.train()
-    loss = alg.loss(model, params, start["buffers"], x, y, torch.ones(len(y), dtype=x.dtype),
-                    work.ctx)
+    ones = torch.ones(len(y), dtype=x.dtype, device=x.device)
+    loss = alg.loss(model, params, start["buffers"], x, y, ones, work.ctx)
     grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
     return [k for k, g in zip(params, grads) if g is not None]
 
@@ -166,6 +183,7 @@ def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors
     """Train the clients of ``works`` (sorted by steps, most first) together; only the
     parameters named in ``trained`` are updated."""
     alg, model, data, setup = rc.alg, rc.alg.model, rc.data, rc.setup
+    dev = setup.device
     n_steps = [len(w.batches) for w in works]
     steps = n_steps[0]
     params = {k: torch.stack([st["params"][k] for st in starts]).detach().clone()
@@ -175,10 +193,13 @@ def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors
     opt = optim.init_state({k: params[k] for k in trained}, setup)
     offsets = [int(data.train_offsets[w.job.client]) for w in works]
     rows, sizes = _row_index(works, offsets, steps)
-    losses = torch.zeros(len(works), dtype=torch.float64)
+    labels = data.y_train[rows].to(dev)  # every step's labels, moved once
+    mask = (torch.arange(rows.shape[2]) < sizes[..., None]).to(dev)  # real rows (not padding)
+    losses = torch.zeros(len(works), dtype=devices.wide(dev), device=dev)
 
     def client_loss(p, b, x, y, w, c):
-        return alg.loss(model, p, b, x, y, w, c)
+        with devices.autocast(dev, setup.precision):  # the forward pass only, as sequentially
+            return alg.loss(model, p, b, x, y, w, c)
 
     # in_dims must mirror each argument's structure (vmap needs a prefix tree of the inputs).
     in_dims = ({k: 0 for k in params}, bdims, 0, 0, 0, cdims)
@@ -187,25 +208,25 @@ def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors
     for t in range(steps):
         n = sum(1 for m in n_steps if m > t)  # clients with a step t: a prefix
         b = int(sizes[:n, t].max())
-        r = rows[:n, t, :b]
-        x, y = data.inputs(data.x_train[r]), data.y_train[r]
+        x, y = data.inputs(devices.upload(data.x_train[rows[:n, t, :b]], dev)), labels[:n, t, :b]
         if alg.pipeline.transform is not None:
             x, y = x.clone(), y.clone()
             for i in range(n):
                 m = int(sizes[i, t])
                 x[i, :m], y[i, :m] = transformed(alg, works[i], x[i, :m], y[i, :m])
-        w = (torch.arange(b) < sizes[:n, t, None]).to(x.dtype)
+        w = mask[:n, t, :b].to(x.dtype)
         p_n = {k: v[:n] for k, v in params.items()}
         grads, value = step_fn(p_n, _slice_tree(buffers, bdims, n), x, y, w,
                                _slice_tree(ctx, cdims, n))
         optim.step_({k: p_n[k] for k in trained}, grads, opt.head(n), setup)
-        losses[:n] += value.detach().to(torch.float64)
+        losses[:n] += value.detach().to(losses.dtype)
     out_p = [{k: v[i].clone() for k, v in params.items()} for i in range(len(works))]
     bl, bspec = tree_flatten(buffers)
     bd = tree_flatten(bdims)[0] if bl else []
     out_b = [tree_unflatten([v[i].clone() if d == 0 else v.clone() for v, d in zip(bl, bd)],
                             bspec) for i in range(len(works))]
-    return out_p, out_b, [float(losses[i]) / max(n_steps[i], 1) for i in range(len(works))]
+    per_client = losses.tolist()
+    return out_p, out_b, [per_client[i] / max(n_steps[i], 1) for i in range(len(works))]
 
 
 class VectorizedTrainer:
@@ -222,10 +243,11 @@ class VectorizedTrainer:
     def train(self, rc: RoundContext) -> list[ClientResult]:
         if not rc.jobs:
             return []
-        reason = vectorize_reason(rc.alg.model)
+        reason = vectorize_reason(rc.alg.model) or precision_reason(rc.setup.precision)
         if reason is not None:
             _log_once(f"training sequentially: {reason}")
             return SequentialTrainer().train(rc)
+        rc = placed(rc)
         rc.alg.model.eval()
         works = [prepare_client(rc, j) for j in rc.jobs]
         starts = [rc.alg.local_start(rc.broadcast, rc.client_state(j.client)) for j in rc.jobs]
@@ -236,8 +258,9 @@ class VectorizedTrainer:
             return SequentialTrainer().train(rc)
         order = sorted(range(len(rc.jobs)), key=lambda i: -len(works[i].batches))
         bmax = max(len(b) for w in works for b in w.batches)
-        size = chunk_size(rc.alg.model, starts[0], rc.data.inputs(rc.data.x_train[:1]), bmax,
-                          memory_budget() if self.budget is None else self.budget)
+        dev = rc.setup.device
+        size = chunk_size(rc.alg.model, starts[0], rc.data.inputs(rc.data.x_train[:1].to(dev)),
+                          bmax, memory_budget(dev) if self.budget is None else self.budget)
         trained = trained_params(rc.alg, works[0], starts[0])
         results: list[ClientResult | None] = [None] * len(rc.jobs)
         for c in range(0, len(order), size):
@@ -247,14 +270,3 @@ class VectorizedTrainer:
             for j, i in enumerate(chunk):
                 results[i] = finish_client(rc, works[i], out_p[j], out_b[j], losses[j])
         return results  # type: ignore[return-value]
-
-
-def choose_trainer(name: str, model: ProtoNet) -> SequentialTrainer | VectorizedTrainer:
-    """The trainer a config's ``trainer`` asks for: ``vectorized`` and ``auto`` train
-    sequentially, saying why, when the model cannot be vectorized."""
-    reason = None if name == "sequential" else vectorize_reason(model)
-    if reason is not None:
-        log.info("training sequentially: %s", reason)
-    if name == "sequential" or reason is not None:
-        return SequentialTrainer()
-    return VectorizedTrainer()
