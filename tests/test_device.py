@@ -10,8 +10,8 @@ import logging
 
 import pytest
 import torch
-
 from fakedevice import OnDevice, on_device, on_host, simulated
+
 from protofl.algorithms.registry import ALGORITHMS
 from protofl.cli import main
 from protofl.config import config_from_dict
