@@ -7,7 +7,8 @@ them. Refused, as on CUDA: an operation mixing device tensors with CPU tensors o
 dimensions (0-dim CPU tensors are allowed, as CUDA allows them); a CPU tensor indexed with
 device indices (the reverse is allowed); a random draw onto the device from a CPU generator;
 ``.numpy()`` of a device tensor. Allowed, as on CUDA: copies between devices, ``.item()``,
-``.tolist()``. What it cannot show: CUDA kernels' own numerics, memory and streams.
+``.tolist()``. ``simulated("mps", float64=False)`` poses as MPS, which also refuses float64
+tensors. What it cannot show: the devices' own numerics, memory and streams.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 DEVICE = torch.device("meta")
+_current = {"device": DEVICE, "float64": True}  # what ``simulated`` poses as
 aten = torch.ops.aten
 CROSS_DEVICE = {aten._to_copy.default, aten.copy_.default}  # copies between devices
 INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
@@ -40,7 +42,7 @@ class OnDevice(torch.Tensor):
     def __new__(cls, inner: torch.Tensor):
         out = torch.Tensor._make_wrapper_subclass(
             cls, inner.size(), strides=inner.stride(), storage_offset=inner.storage_offset(),
-            dtype=inner.dtype, device=DEVICE, requires_grad=inner.requires_grad)
+            dtype=inner.dtype, device=_current["device"], requires_grad=inner.requires_grad)
         out.inner = inner
         return out
 
@@ -76,7 +78,7 @@ def _dispatch(func, args, kwargs):
     on = any(isinstance(t, OnDevice) for t in flat)
     target = on
     if kwargs.get("device") is not None:
-        target = torch.device(kwargs["device"]).type == DEVICE.type
+        target = torch.device(kwargs["device"]).type == _current["device"].type
         kwargs = {**kwargs, "device": torch.device("cpu")}
     if func in INDEXING:
         base, rest = args[0], tree_flatten((args[1:], kwargs))[0]
@@ -96,6 +98,9 @@ def _dispatch(func, args, kwargs):
         return args[0]
     if not target:
         return out
+    if not _current["float64"] and any(isinstance(t, torch.Tensor) and t.dtype == torch.float64
+                                       for t in tree_flatten(out)[0]):
+        raise DeviceMismatch(f"{func}: float64 on a device without float64")
     return tree_map(lambda t: OnDevice(t) if _plain(t) else t, out)
 
 
@@ -115,16 +120,22 @@ class _Constructors(TorchFunctionMode):
         kwargs = kwargs or {}
         dev = kwargs.get("device")
         if func in (torch.tensor, torch.as_tensor) and dev is not None and (
-                torch.device(dev).type == DEVICE.type):
+                torch.device(dev).type == _current["device"].type):
             return OnDevice(func(*args, **{**kwargs, "device": "cpu"}))
         return func(*args, **kwargs)
 
 
 @contextlib.contextmanager
-def simulated() -> Iterator[torch.device]:
-    """Run the block with ``torch.device("meta")`` acting as an accelerator."""
-    with _Constructors(), _Mode():
-        yield DEVICE
+def simulated(device: str = "meta", float64: bool = True) -> Iterator[torch.device]:
+    """Run the block with ``device`` (default ``meta``, which no code treats specially) acting
+    as an accelerator; ``float64=False`` refuses float64 tensors on it, as MPS does."""
+    old = dict(_current)
+    _current.update(device=torch.device(device), float64=float64)
+    try:
+        with _Constructors(), _Mode():
+            yield _current["device"]
+    finally:
+        _current.update(old)
 
 
 def on_device(tree) -> bool:

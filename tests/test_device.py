@@ -141,3 +141,21 @@ def test_fp16_scales_the_loss_and_vectorized_falls_back(monkeypatch, caplog):
         vec = Experiment(config_from_dict(tiny("fedavg", "vectorized", precision="fp16"))).run()
     assert any("GradScaler" in r.getMessage() for r in caplog.records)
     assert figures(vec) == {**figures(seq), "trainer": "vectorized"}
+
+
+@pytest.mark.parametrize("trainer", ["sequential", "vectorized"])
+def test_a_device_without_float64_keeps_the_server_on_the_cpu(monkeypatch, trainer):
+    """MPS has no float64: the server state and aggregation stay on the CPU and the trainers
+    accumulate in float32 (sequential: the CPU's figures; vectorized: float32 step counts in
+    Adam's bias correction, so close ones)."""
+    raw = tiny("fedmargin", trainer, clients={"optimizer": "adam", "lr": 0.01},
+               metrics={"dissimilarity_clients": 0})
+    want = Experiment(config_from_dict(raw)).run()
+    monkeypatch.setattr(devices, "resolve", lambda _: torch.device("meta"))
+    monkeypatch.setattr(devices, "has_float64", lambda d: torch.device(d).type != "meta")
+    with simulated(float64=False):
+        exp = Experiment(config_from_dict(raw))
+        got = exp.run()
+    assert on_host(exp.state) and exp.server == torch.device("cpu")
+    for key in ("accuracy", "loss", "client_loss", "train_loss", "amm"):
+        assert got[key] == pytest.approx(want[key], rel=0 if trainer == "sequential" else 1e-3)

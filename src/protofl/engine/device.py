@@ -2,8 +2,9 @@
 precision of its forward passes (``precision: fp32 | bf16 | fp16``).
 
 The model, the server state, the active clients' data and states, optimizer states,
-aggregation and evaluation live on the run's device; the dataset stays in host memory and
-moves there a client (or a step's batch) at a time. Whatever is kept between rounds or
+aggregation and evaluation live on the run's device (on MPS, which has no float64, the server
+state and aggregation stay on the CPU); the dataset stays in host memory and moves there a
+client (or a step's batch) at a time. Whatever is kept between rounds or
 written (client states, checkpoints) is held on the CPU. On the CPU every helper here is a
 no-op, so CPU runs compute exactly what they computed before devices existed.
 """
@@ -68,10 +69,22 @@ def upload(x: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return x.pin_memory().to(device, non_blocking=True)
 
 
+def has_float64(device: torch.device | str) -> bool:
+    """Whether ``device`` computes in float64 (MPS does not)."""
+    return torch.device(device).type != "mps"
+
+
+def server_device(device: torch.device | str) -> torch.device:
+    """Where the server state lives and aggregation runs: the run's device, or the CPU for a
+    device without float64 (several algorithms aggregate in float64)."""
+    device = torch.device(device)
+    return device if has_float64(device) else CPU
+
+
 def wide(device: torch.device | str) -> torch.dtype:
-    """The dtype of accumulators (losses, step counts): float64, float32 on MPS (which has no
-    float64)."""
-    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+    """The dtype of the trainers' accumulators (losses, step counts): float64, or float32 on a
+    device without float64."""
+    return torch.float64 if has_float64(device) else torch.float32
 
 
 @contextlib.contextmanager

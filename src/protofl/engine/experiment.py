@@ -60,6 +60,7 @@ class Experiment:
     def __init__(self, cfg: Config, *, trainer: Trainer | None = None,
                  callbacks: list[Callback] | None = None):
         self.device = devices.resolve(cfg.device)
+        self.server = devices.server_device(self.device)  # the state and aggregation
         self.data = data = load_dataset(cfg.data, lean=True)  # rows as stored (e.g. uint8)
         model_name = cfg.model.name if cfg.model.name != "auto" else (
             dataset_spec(cfg.data.name).model)
@@ -89,7 +90,7 @@ class Experiment:
             self.cfg = cfg = dataclasses.replace(cfg, clients=dataclasses.replace(
                 c, per_round=1, local_steps=budget, stragglers=0.0))
             c = cfg.clients
-        self.state = devices.to_device(self.alg.init_state(self.alg.model), self.device)
+        self.state = devices.to_device(self.alg.init_state(self.alg.model), self.server)
         self.client_states: dict[int, dict] = {}  # on the CPU; moved over while active
         self.round = 0
         self.elapsed = 0.0
@@ -103,10 +104,10 @@ class Experiment:
             load_callback(path) for path in cfg.callbacks]
 
     def client_inputs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Client ``k``'s training inputs (as the model sees them) and labels, on the run's
-        device."""
+        """Client ``k``'s training inputs (as the model sees them) and labels, where the server
+        state is (to meet uploads)."""
         x, y = self.train_data.client_train(k)
-        return self.train_data.inputs(devices.upload(x, self.device)), y.to(self.device)
+        return self.train_data.inputs(devices.upload(x, self.server)), y.to(self.server)
 
     def autocast(self):
         """The run's precision for forward passes (evaluation, metrics)."""
@@ -133,7 +134,7 @@ class Experiment:
                            "loss NaN/Inf); the run stopped (its run folder keeps the last "
                            "checkpoint); lower clients.lr")
         for r in results:  # uploads meet the server state on its device; states wait on the CPU
-            r.upload, r.state = devices.to_device(r.upload, self.device), devices.to_host(r.state)
+            r.upload, r.state = devices.to_device(r.upload, self.server), devices.to_host(r.state)
         record: dict = {"round": t, "clients": [r.client for r in results],
                         "stragglers": [j.client for j in jobs if j.straggler],
                         "dropped": sorted(set(active.tolist()) - {j.client for j in jobs}),
@@ -190,13 +191,13 @@ class Experiment:
             "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks}})
 
     def restore(self, snap: dict) -> None:
-        self.round, self.state = snap["round"], devices.to_device(snap["state"], self.device)
+        self.round, self.state = snap["round"], devices.to_device(snap["state"], self.server)
         self.client_states, self.elapsed = devices.to_host(snap["client_states"]), snap["elapsed"]
         self.last = snap.get("last", {})
         torch.set_rng_state(snap["torch_rng"])
         for cb in self.callbacks:
             cb.load_state_dict(devices.to_device(snap.get("callbacks", {}).get(cb.name, {}),
-                                                 self.device))
+                                                 self.server))
 
     # ---- the whole run ----
     def run(self) -> dict:

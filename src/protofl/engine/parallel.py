@@ -42,6 +42,7 @@ from protofl.models.nets import ProtoNet
 log = logging.getLogger("protofl")
 
 START = "fork" if sys.platform == "linux" else "spawn"  # how workers are started
+PARENT_CHECK = 2.0  # seconds between a waiting worker's checks that its parent lives
 
 
 def usable_cores() -> int:
@@ -165,8 +166,10 @@ class SharedTraining:
 # ---- the workers ----
 
 def _worker(conn: Any, alg: Algorithm, data: FederatedData | SharedTraining, inner: str,
-            dtype: torch.dtype) -> None:
-    """A worker's loop: ``(broadcast, jobs, client_states, setup, round)`` in, results out."""
+            dtype: torch.dtype, parent: int) -> None:
+    """A worker's loop: ``(broadcast, jobs, client_states, setup, round)`` in, results out;
+    it ends on ``None``, or when the parent process ``parent`` is gone (forked siblings hold
+    copies of the pipes, so a dead parent is not always an end of file)."""
     torch.set_num_threads(1)
     torch.set_default_dtype(dtype)
     if isinstance(data, SharedTraining):
@@ -174,8 +177,11 @@ def _worker(conn: Any, alg: Algorithm, data: FederatedData | SharedTraining, inn
     trainer: Trainer = VectorizedTrainer() if inner == "vectorized" else SequentialTrainer()
     while True:
         try:
+            while not conn.poll(PARENT_CHECK):
+                if os.getppid() != parent:
+                    return
             msg = conn.recv()
-        except EOFError:  # the parent went away
+        except (EOFError, OSError):  # the parent went away
             return
         if msg is None:
             return
@@ -241,7 +247,7 @@ class ParallelTrainer:
         for _ in range(self.workers):
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_worker, daemon=True, args=(
-                child, rc.alg, shared, self.inner, torch.get_default_dtype()))
+                child, rc.alg, shared, self.inner, torch.get_default_dtype(), os.getpid()))
             try:
                 p.start()
             except Exception as e:  # noqa: BLE001 - e.g. an algorithm that cannot be pickled

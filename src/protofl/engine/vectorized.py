@@ -193,7 +193,6 @@ def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors
     opt = optim.init_state({k: params[k] for k in trained}, setup)
     offsets = [int(data.train_offsets[w.job.client]) for w in works]
     rows, sizes = _row_index(works, offsets, steps)
-    labels = data.y_train[rows].to(dev)  # every step's labels, moved once
     mask = (torch.arange(rows.shape[2]) < sizes[..., None]).to(dev)  # real rows (not padding)
     losses = torch.zeros(len(works), dtype=devices.wide(dev), device=dev)
 
@@ -208,7 +207,9 @@ def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors
     for t in range(steps):
         n = sum(1 for m in n_steps if m > t)  # clients with a step t: a prefix
         b = int(sizes[:n, t].max())
-        x, y = data.inputs(devices.upload(data.x_train[rows[:n, t, :b]], dev)), labels[:n, t, :b]
+        r = rows[:n, t, :b]
+        x = data.inputs(devices.upload(data.x_train[r], dev))
+        y = devices.upload(data.y_train[r], dev)
         if alg.pipeline.transform is not None:
             x, y = x.clone(), y.clone()
             for i in range(n):

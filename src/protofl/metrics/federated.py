@@ -160,7 +160,8 @@ def client_gradient_stream(model: ProtoNet, params: Tensors, buffers: Tensors, s
                            ) -> Iterator[tuple[int, torch.Tensor]]:
     """``(i, g_i)`` for every client ``i`` (in order of ``sizes``, its rows to use): ``g_i``
     the gradient of its mean cross-entropy on ``rows(i, 0, sizes[i])``, at ``(params,
-    buffers)``, flattened in ``params`` order, float64, on the weights' device.
+    buffers)``, flattened in ``params`` order, float64, on the weights' device (on the CPU
+    from a device without float64).
 
     Each client's rows are cut into pieces of at most ``chunk_rows``; consecutive pieces are
     differentiated together, one ``vmap`` of ``grad`` of the summed loss over a group padded
@@ -194,7 +195,7 @@ def client_gradient_stream(model: ProtoNet, params: Tensors, buffers: Tensors, s
         w = (torch.arange(width, device=x.device) < torch.tensor(
             [b - a for _, a, b in group], device=x.device)[:, None]).to(x.dtype)
         g = per_piece(params, x, y, w)
-        flat = torch.cat([v.reshape(len(group), -1) for v in g.values()], 1).double()
+        flat = _float64(torch.cat([v.reshape(len(group), -1) for v in g.values()], 1))
         for j, (i, _, b) in enumerate(group):
             partial = flat[j] if partial is None else partial + flat[j]
             if b == sizes[i]:  # the client's last piece
@@ -214,6 +215,11 @@ def client_gradients(model: ProtoNet, params: Tensors, buffers: Tensors,
         model, params, buffers, [len(y) for y in ys],
         lambda i, a, b: (xs[i][a:b].to(dev), ys[i][a:b].to(dev)), chunk_rows))
     return torch.stack([out[k] for k in range(len(xs))])
+
+
+def _float64(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float64: on its device, or on the CPU from a device without float64 (MPS)."""
+    return t.double() if t.device.type != "mps" else t.cpu().double()
 
 
 def _pad(t: torch.Tensor, n: int) -> torch.Tensor:
