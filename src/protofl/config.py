@@ -182,7 +182,7 @@ class MetricsConfig:
     train_loss_samples: int = option(2000, "training loss of the aggregate model on a seeded "
                                            "sample of up to this many rows (0: off)", ge=0)
     eval_batch: int = option(256, "evaluation batch size", ge=1)
-    every: int = option(1, "costly figures (training loss, gradient dissimilarity) on evaluated "
+    every: int = option(5, "costly figures (training loss, gradient dissimilarity) on evaluated "
                            "rounds that are a multiple of N, and the last (0: never)", ge=0)
 
 
