@@ -226,3 +226,16 @@ def test_a_failing_worker_is_reported_and_the_workers_stop():
     finally:
         trainer.close()
     assert procs and not any(p.is_alive() for p in procs)
+
+
+def test_packing_keeps_every_tensor_and_leaf():
+    tree = ({"params": {"a.b": torch.arange(6.0).reshape(2, 3).T, "c": torch.tensor(2.5)},
+             "mask": torch.tensor([True, False]), "n": torch.tensor(3, dtype=torch.int64),
+             "empty": torch.zeros(0, 4)},
+            [1, "x", 0.5, None], {})
+    packed = parallel.pack(tree)
+    assert len(packed.buffers) == 3  # one shared buffer per dtype
+    assert all(b.is_shared() for b in packed.buffers.values())
+    back = parallel.unpack(pickle.loads(pickle.dumps(packed)))
+    assert back[1] == [1, "x", 0.5, None] and back[2] == {}
+    same(back[0], tree[0])

@@ -17,6 +17,7 @@ sequential inner trainer the results are the sequential trainer's, bit for bit.
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import os
 import sys
@@ -185,11 +186,12 @@ def _worker(conn: Any, alg: Algorithm, data: FederatedData | SharedTraining, inn
             return
         if msg is None:
             return
-        broadcast, jobs, states, setup, rnd = msg
+        shared, jobs, setup, rnd = msg
+        broadcast, states = unpack(shared)
         try:
             results = trainer.train(RoundContext(alg, broadcast, jobs, data, states, setup,
                                                  rnd))
-            conn.send(("ok", results))
+            conn.send(("ok", pack([(r.client, r.upload, r.state, r.loss) for r in results])))
         except BaseException:  # noqa: BLE001 - reported to the parent, which raises
             conn.send(("error", traceback.format_exc()))
 
@@ -279,7 +281,7 @@ class ParallelTrainer:
             if group:
                 states = {j.client: rc.client_states[j.client] for j in group
                           if j.client in rc.client_states}
-                conn.send((rc.broadcast, group, states, rc.setup, rc.round))
+                conn.send((pack((rc.broadcast, states)), group, rc.setup, rc.round))
                 busy.append(conn)
         by_client: dict[int, ClientResult] = {}
         failure = None
@@ -289,15 +291,72 @@ class ParallelTrainer:
             except EOFError:
                 status, payload = "error", "a worker process died"
             if status == "ok":
-                for r in payload:
-                    r.state = _own(r.state)
-                    by_client[r.client] = r
+                for client, upload, state, loss in unpack(payload):
+                    by_client[client] = ClientResult(client, upload, _own(state), loss)
             else:
                 failure = failure or payload
         if failure is not None:
             self.close()
             raise RuntimeError(f"parallel trainer: a worker failed:\n{failure}")
         return [by_client[j.client] for j in rc.jobs if j.client in by_client]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a packed tensor is: its buffer (dtype), offset and shape."""
+
+    dtype: torch.dtype
+    offset: int
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A nested structure (dicts, lists, tuples) whose tensors travel in one shared-memory
+    buffer per dtype (one segment and one handle each, instead of one per tensor: a round of 30
+    small clients has hundreds of tensors); in ``skeleton`` each tensor is a :class:`Slot`."""
+
+    buffers: dict[torch.dtype, torch.Tensor]
+    skeleton: Any
+
+
+def _walk(tree: Any, leaf: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _walk(v, leaf) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_walk(v, leaf) for v in tree)
+    return leaf(tree)
+
+
+def pack(tree: Any) -> Packed:
+    """``tree`` with its CPU tensors copied into shared buffers (see :class:`Packed`)."""
+    tensors: list[torch.Tensor] = []
+    _walk(tree, lambda v: tensors.append(v) if isinstance(v, torch.Tensor) else None)
+    sizes: dict[torch.dtype, int] = {}
+    for t in tensors:
+        sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel()
+    buffers = {d: torch.empty(n, dtype=d).share_memory_() for d, n in sizes.items()}
+    used = dict.fromkeys(sizes, 0)
+
+    def place(v: Any) -> Any:
+        if not isinstance(v, torch.Tensor):
+            return v
+        off, n = used[v.dtype], v.numel()
+        buffers[v.dtype][off:off + n].copy_(v.detach().reshape(-1))
+        used[v.dtype] = off + n
+        return Slot(v.dtype, off, tuple(v.shape))
+
+    return Packed(buffers, _walk(tree, place))
+
+
+def unpack(p: Packed) -> Any:
+    """The structure :func:`pack` packed; its tensors are views of the shared buffers."""
+    def view(v: Any) -> Any:
+        if not isinstance(v, Slot):
+            return v
+        return p.buffers[v.dtype][v.offset:v.offset + math.prod(v.shape)].view(v.shape)
+
+    return _walk(p.skeleton, view)
 
 
 def _own(tree: Any) -> Any:
