@@ -14,7 +14,7 @@ WORKLOADS = {
     "cnn": {"title": "LEAF CNN 28x28", "clients": 10, "steps": 20, "batch": 10, "samples": 100},
 }
 LR = 0.05
-VARIANTS = ("auto", "vectorized", "sequential", "loop", "flower", "floor")
+VARIANTS = ("auto", "vectorized", "parallel", "sequential", "loop", "flower", "floor")
 MNIST_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "mnist.yaml"
 
 
