@@ -26,7 +26,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def child(rows: str, trainer: str, epochs: int, rounds: int, root: str) -> dict:
     import torch
-
     from memory import TreeSampler
     from workloads import mnist_experiment
 

@@ -1,15 +1,16 @@
 """Every CPU core: a round's clients spread over worker processes, and the rule that picks a
 trainer.
 
-:class:`ParallelTrainer` starts ``workers`` processes once (``spawn``: nothing of the parent's
-threads or locks is inherited) and keeps them for the run. Each worker gets the algorithm and
-the training rows once, at start: rows memory-mapped from the dataset cache are opened again
-from their file, rows in memory are moved to shared memory and passed as a handle, so no
-worker holds a copy of the data and nothing of it is pickled. Every round, each worker trains
-its share of the jobs (balanced by their number of rows to process) with an ordinary trainer
-(``inner``: the vectorized one where the model allows, else the sequential one) on one torch
-thread, and sends back the results; the broadcast and the results travel through shared
-memory too. A client's batches, augmentation draws and persistent state are exactly those of
+:class:`ParallelTrainer` starts ``workers`` processes at its first round and keeps them for the
+run. Each worker gets the algorithm and the training rows once, without a copy: on Linux the
+workers are forked, so they share the parent's pages (rows in memory, the memory-mapped dataset
+cache) and nothing is pickled (a script needs no ``if __name__ == "__main__"`` guard); where
+processes are spawned (macOS, Windows), rows memory-mapped from the cache are opened again from
+their file and rows in memory are moved to shared memory and passed as a handle. Every round,
+each worker trains its share of the jobs (balanced by their rows to process) with an ordinary
+trainer (``inner``: the vectorized one where the model allows, else the sequential one) on one
+torch thread; the broadcast and the results travel as one shared-memory buffer per dtype
+(``pack``). A client's batches, augmentation draws and persistent state are exactly those of
 the sequential path (they are keyed by seed, round and client, never by process), so with the
 sequential inner trainer the results are the sequential trainer's, bit for bit.
 """
@@ -77,9 +78,12 @@ def choose_trainer(name: str, model: ProtoNet, device: torch.device | str = "cpu
                    workers: int = 1, precision: str = "fp32") -> Trainer:
     """The trainer a config's ``trainer`` asks for.
 
-    ``auto``: on a CPU with at least two workers, a convolutional model (whose small per-client
-    convolutions leave cores idle, vectorized or not) and no dropout, the parallel trainer;
-    else the vectorized trainer where the model allows, else the sequential one. ``parallel``
+    ``auto``: on a CPU with at least two workers, a convolutional model and no dropout, the
+    parallel trainer (the LEAF CNN's round: 0.60 s of CPU in one process, 0.64 s over two
+    workers with 0.34 s on the longer one, so about 1.8x faster with two free cores; a small
+    MLP's: 0.13 s against 0.17 s, 0.09 s the longer, a gain that any load on the machine
+    undoes); else the vectorized trainer where the model allows, else the sequential one.
+    ``parallel``
     runs on the CPU only, and not inside a daemonic process; ``vectorized`` and ``auto`` train
     sequentially, saying why, when the model cannot be vectorized."""
     device = torch.device(device)
