@@ -159,3 +159,15 @@ def test_a_device_without_float64_keeps_the_server_on_the_cpu(monkeypatch, train
     assert on_host(exp.state) and exp.server == torch.device("cpu")
     for key in ("accuracy", "loss", "client_loss", "train_loss", "amm"):
         assert got[key] == pytest.approx(want[key], rel=0 if trainer == "sequential" else 1e-3)
+
+
+def test_resume_takes_a_device(tmp_path):
+    """Checkpoints hold CPU tensors, so a run goes on on another device; --device is the one
+    flag --resume takes besides --rounds (a bad one is still one line)."""
+    out = tmp_path / "run"
+    common = ["--set", "data.num_clients=4", "--set", "clients.per_round=2",
+              "--set", "clients.local_steps=1", "--set", "metrics.dissimilarity_clients=0"]
+    assert main(["run", "-q", "--dataset", "digits", "--rounds", "1", "--out", str(out),
+                 "--device", "cpu", *common]) == 0
+    assert main(["run", "-q", "--resume", str(out), "--rounds", "2", "--device", "cpu"]) == 0
+    assert main(["run", "-q", "--resume", str(out), "--rounds", "3", "--device", "tpu"]) == 2
