@@ -102,14 +102,12 @@ def protofl_trainer(variant: str, model, workers: int, device: str = "cpu"):
     """protofl's trainer of a variant: ``auto`` is what a run picks by default
     (``choose_trainer``; for a convolutional model on a multi-core CPU the parallel trainer),
     the others force one. The only place this benchmark builds an engine trainer."""
-    from protofl.engine.parallel import ParallelTrainer, choose_trainer, inner_trainer
+    from protofl.engine.parallel import ParallelTrainer, choose_trainer
     from protofl.engine.train import SequentialTrainer
     from protofl.engine.vectorized import VectorizedTrainer
 
-    if variant == "auto":
-        return choose_trainer("auto", model, device, workers)
-    if variant == "parallel":
-        return ParallelTrainer(workers, inner_trainer(model))
+    if variant in ("auto", "parallel"):  # parallel: refused off the CPU
+        return choose_trainer(variant, model, device, workers)
     if variant == "parallel-sequential":
         return ParallelTrainer(workers, "sequential")
     return VectorizedTrainer() if variant == "vectorized" else SequentialTrainer()
