@@ -3,49 +3,62 @@ of the default per-round metrics on the seed's MNIST protocol.
 
     python benchmarks/speed.py            # full: 3 warm-up + 10 timed rounds per variant
     python benchmarks/speed.py --quick    # 1 warm-up + 3 timed rounds; CNN: 5 local steps;
-                                          # mnist: 5 local epochs, 1 warm-up + 2 timed rounds
+                                          # mnist: 5 local epochs, 1 warm-up + 5 timed rounds
     python benchmarks/speed.py --workloads mnist --mnist-epochs 20   # the seed's protocol
+    python benchmarks/speed.py --quick --device cuda --flower-gpus 0.1   # on a GPU machine
 
 Workloads ``mlp`` and ``cnn`` compare these variants (same model, clients, local steps, batch
 size, SGD learning rate):
 
-- ``vectorized``: protofl's vmap trainer (``engine/vectorized.py``) + FedAvg aggregation;
-- ``sequential``: protofl's reference trainer (``engine/train.py``);
+- ``auto``: protofl as a run trains by default (``trainer: auto``, ``workers: auto``,
+  ``threads: null``): for the CNN on a multi-core CPU the parallel trainer (one worker process
+  per core, vectorized within each), for the MLP the vectorized trainer; + FedAvg aggregation.
+  The ``[workload] vs ...`` lines are this variant's;
+- ``vectorized``, ``sequential``, ``parallel``, ``parallel-sequential``: protofl's trainers
+  forced (``engine/vectorized.py``, ``engine/train.py``, ``engine/parallel.py``; the parallel
+  trainer's workers vectorized where the model allows, or sequential);
 - ``loop``: a plain PyTorch loop as research code writes it: deepcopy the global model per
   client, an optimizer per client, a DataLoader over a TensorDataset per client, then a
   weighted average of the state dicts;
 - ``flower``: Flower's simulation engine (``flwr.simulation.run_simulation``, Ray backend, one
-  CPU per ClientApp actor) with a ServerApp running ``FedAvg`` and a ClientApp doing the same
-  local loop as ``loop``. Per-round time is measured on the server side: the strategy's
-  ``evaluate_fn`` runs before round 1 and after every round, so the gaps between its calls are
-  round times; Ray start-up happens before the first call and the warm-up rounds (actor
-  start-up, first imports) are dropped;
+  CPU per ClientApp actor, or ``--flower-gpus`` of a GPU) with a ServerApp running ``FedAvg``
+  and a ClientApp doing the same local loop as ``loop``. Per-round time is measured on the
+  server side: the strategy's ``evaluate_fn`` runs before round 1 and after every round, so
+  the gaps between its calls are round times; Ray start-up happens before the first call and
+  the warm-up rounds (actor start-up, first imports) are dropped;
 - ``floor``: the physical limit for the round's arithmetic: one ordinary model takes, at each
   local step, the batches of all the round's clients at once (clients x batch rows) through
   forward, backward and an SGD step. Not a federated round (one model instead of one per
   client), but the same FLOPs in the largest, most efficient operations.
 
 Lines ``[workload] vs OTHER: protofl X s/round, other Y s/round, ratio Z`` give OTHER's time
-over protofl's vectorized trainer's (ratio > 1: protofl is faster; ``vs floor`` is below 1).
+over protofl's (``auto``; ratio > 1: protofl is faster; ``vs floor`` is below 1).
+
+Cores: Flower runs one actor per core (Ray gives each one CPU and one torch thread), protofl's
+``auto`` one worker process per core (``--workers``, default every usable core) with one
+thread each, or, where it trains in one process (the MLP), a run's default threads (1 for
+models under a million parameters). The single-process variants (``loop``, ``floor``, forced
+``vectorized``/``sequential``) get ``--threads`` torch threads, default 1: on a shared CPU,
+OpenMP threads that outnumber the free cores spin and made every multi-threaded variant 5-100x
+slower (a 2-thread MLP loop round took 120 s instead of 1 s at a load average of 10 on 2
+cores); on an idle machine ``--threads 2`` gives the plain loop both cores. The in-process
+variants are timed in
+ONE subprocess, one round of each in turn (so load changes on a shared machine hit them alike;
+idle worker processes wait on a pipe and take no CPU); Flower runs in its own. Peak memory is
+measured per variant in a fresh subprocess (1 warm-up + 1 round; Flower: its timing run): the
+largest summed proportional set size (PSS: a page shared by n processes counts 1/n, so forked
+workers and Ray's processes are not counted twice) of that process and all its descendants,
+sampled every 50 ms. Reported figures are medians over the timed rounds.
 
 Workload ``mnist`` is the seed's MNIST protocol (``configs/mnist.yaml``: fedmargin, 1,000
 clients, 10 a round, half stragglers, 20 local epochs, batch 10, LEAF CNN) on generated 28x28
 digits written as MNIST's IDX files (``workloads.write_mnist_like``: the real files' sample
-counts, so the same power-law client sizes). Two experiments run round by round in turn, one
-with the default metrics (``workloads.MNIST_METRICS`` applied on top of the config defaults)
-and one with every ``metrics.*`` figure off (no dissimilarity, AMM or training loss; the test
-and local accuracy of the evaluation still run), and it prints
-``[mnist] metrics overhead: default X s/round, off Y s/round, ratio Z``. Both sample the same
-clients and train the same way, so the difference is the metrics.
-
-Every process uses ``--threads`` torch threads (default 1, as Ray gives each one-CPU actor):
-on a small, shared CPU, OpenMP threads that outnumber the free cores spin and can make every
-variant many times slower. The in-process variants are timed in ONE subprocess, one round
-of each in turn (so load changes on a shared machine hit them alike); Flower runs in its own.
-Peak memory is measured per variant in a fresh subprocess (1 warm-up + 1 round; Flower: its
-timing run): the largest summed RSS of that process and all its descendants (Ray's processes
-for Flower), sampled every 50 ms.
-Reported figures are medians over the timed rounds.
+counts, so the same power-law client sizes), run through ``Experiment`` with the config's
+defaults (trainer, workers, threads, device, metrics). The hooks of the metrics one can switch
+off (AMM, training loss, gradient dissimilarity) are timed inside each round, and it prints
+``[mnist] metrics overhead: default X s/round, off Y s/round, ratio Z``: X the mean round
+(training, aggregation, evaluation, metrics), Y the same rounds less the metrics' time. (The
+test and local accuracy of the evaluation run in both.)
 """
 
 from __future__ import annotations
@@ -62,11 +75,9 @@ from collections.abc import Iterator
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from memory import TreeSampler, now  # noqa: E402
+from memory import TreeSampler, now, tree_cpu  # noqa: E402
 from workloads import (  # noqa: E402
     LR,
-    METRICS_OFF,
-    MNIST_METRICS,
     VARIANTS,
     WORKLOADS,
     clients_of,
@@ -80,42 +91,70 @@ QUICK_STEPS = {"cnn": 5}  # --quick: the CNN does 5 local steps instead of 20 (C
 MNIST_EPOCHS, QUICK_MNIST_EPOCHS = 20, 5  # the seed's local epochs; --quick's
 
 
+def sync(device: str) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
 # ---- protofl ----
-def protofl_round(trainer_name: str, alg, model, state, jobs, data, setup, t: int):
-    """One round of protofl's trainer + aggregation: the only place this benchmark calls the
-    engine's training API (adapt here when that API changes)."""
-    from protofl.engine.train import RoundContext, SequentialTrainer
+def protofl_trainer(variant: str, model, workers: int, device: str = "cpu"):
+    """protofl's trainer of a variant: ``auto`` is what a run picks by default
+    (``choose_trainer``; for a convolutional model on a multi-core CPU the parallel trainer),
+    the others force one. The only place this benchmark builds an engine trainer."""
+    from protofl.engine.parallel import ParallelTrainer, choose_trainer
+    from protofl.engine.train import SequentialTrainer
     from protofl.engine.vectorized import VectorizedTrainer
 
-    trainer = VectorizedTrainer() if trainer_name == "vectorized" else SequentialTrainer()
-    results = trainer.train(RoundContext(alg, alg.broadcast(state), jobs, data, {}, setup, t))
-    return alg.aggregate(state, [r.upload for r in results], t)[0]
+    if variant in ("auto", "parallel"):  # parallel: refused off the CPU
+        return choose_trainer(variant, model, device, workers)
+    if variant == "parallel-sequential":
+        return ParallelTrainer(workers, "sequential")
+    return VectorizedTrainer() if variant == "vectorized" else SequentialTrainer()
 
 
-def protofl_rounds(name: str, trainer_name: str) -> Iterator[float]:
+def protofl_threads(variant: str, model, threads: int) -> int:
+    """Torch threads of a protofl variant's process: ``auto`` takes a run's default
+    (``threads: null``: 1 for small models, else half the cores), ``parallel`` 1 (its workers
+    have one each), the others ``--threads``."""
+    from protofl.engine.experiment import auto_threads
+
+    if variant == "auto":
+        return auto_threads(model)
+    return 1 if variant.startswith("parallel") else threads
+
+
+def protofl_rounds(name: str, variant: str, workers: int, threads: int, device: str
+                   ) -> Iterator[float]:
     """Round times of protofl: sample all clients, train them, aggregate (no evaluation)."""
     from protofl.algorithms.registry import make_algorithm
     from protofl.engine.schedule import SAMPLE, STRAGGLE, assign_work, np_rng, sample_clients
-    from protofl.engine.train import LocalSetup
+    from protofl.engine.train import LocalSetup, RoundContext
 
     w = WORKLOADS[name]
     data, make_model = workload(name)
     torch.manual_seed(0)
-    model = make_model()
+    model = make_model().to(device)
     alg = make_algorithm("fedavg", {}, model, data.num_classes)
     state = alg.init_state(model)
-    setup = LocalSetup(w["batch"], True, "sgd", LR, 0.0, 0.0, seed=0)
+    setup = LocalSetup(w["batch"], True, "sgd", LR, 0.0, 0.0, seed=0, device=device)
+    trainer = protofl_trainer(variant, alg.model, workers, device)
+    own = protofl_threads(variant, alg.model, threads)
     t = 0
     while True:
         t += 1
+        torch.set_num_threads(own)
         start = now()
         active = sample_clients(data.train_sizes, w["clients"], "uniform", np_rng(0, SAMPLE, t))
         jobs = assign_work(active, w["steps"], 0.0, False, np_rng(0, STRAGGLE, t))
-        state = protofl_round(trainer_name, alg, model, state, jobs, data, setup, t)
+        results = trainer.train(RoundContext(alg, alg.broadcast(state), jobs, data, {}, setup,
+                                             t))
+        state = alg.aggregate(state, [r.upload for r in results], t)[0]
+        sync(device)
         yield now() - start
 
 
-def floor_rounds(name: str) -> Iterator[float]:
+def floor_rounds(name: str, threads: int, device: str) -> Iterator[float]:
     """The round's arithmetic on one ordinary model: every local step takes all clients'
     batches at once (the physical limit; see the module docstring)."""
     import torch.nn.functional as F
@@ -123,44 +162,49 @@ def floor_rounds(name: str) -> Iterator[float]:
     w = WORKLOADS[name]
     data, make_model = workload(name)
     torch.manual_seed(0)
-    model = make_model()
+    model = make_model().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     gen = torch.Generator().manual_seed(0)
     rows = w["clients"] * w["batch"]
     model.train()
     while True:
+        torch.set_num_threads(threads)
         start = now()
         for _ in range(w["steps"]):
             idx = torch.randint(0, len(data.y_train), (rows,), generator=gen)
             opt.zero_grad()
-            _, logits = model(data.x_train[idx])
-            F.cross_entropy(logits, data.y_train[idx]).backward()
+            _, logits = model(data.x_train[idx].to(device))
+            F.cross_entropy(logits, data.y_train[idx].to(device)).backward()
             opt.step()
+        sync(device)
         yield now() - start
 
 
-def loop_rounds(name: str) -> Iterator[float]:
+def loop_rounds(name: str, threads: int, device: str) -> Iterator[float]:
     w = WORKLOADS[name]
     _, make_model = workload(name)
     clients = clients_of(name)
     torch.manual_seed(0)
-    global_model = make_model()
+    global_model = make_model().to(device)
     while True:
+        torch.set_num_threads(threads)
         start = now()
         states, sizes = [], []
         for x, y in clients:
             local = copy.deepcopy(global_model)
-            local_train(local, x, y, w["steps"], w["batch"])
+            local_train(local, x, y, w["steps"], w["batch"], device)
             states.append(local.state_dict())
             sizes.append(len(y))
         total = sum(sizes)
         global_model.load_state_dict(
             {k: sum(n * s[k] for n, s in zip(sizes, states)) / total for k in states[0]})
+        sync(device)
         yield now() - start
 
 
 # ---- Flower ----
-def flower_rounds(name: str, rounds: int) -> list[float]:
+def flower_rounds(name: str, rounds: int, gpus: float = 0.0, device: str = "cpu"
+                  ) -> list[float]:
     import logging
 
     from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -181,8 +225,9 @@ def flower_rounds(name: str, rounds: int) -> list[float]:
         x, y = clients_of(name)[k]
         model = workload(name)[1]()
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-        local_train(model, x, y, w["steps"], w["batch"])
-        content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
+        local_train(model.to(device), x, y, w["steps"], w["batch"], device)
+        trained = {k: v.cpu() for k, v in model.state_dict().items()}
+        content = RecordDict({"arrays": ArrayRecord(trained),
                               "metrics": MetricRecord({"num-examples": len(y)})})
         return Message(content=content, reply_to=msg)
 
@@ -209,7 +254,7 @@ def flower_rounds(name: str, rounds: int) -> list[float]:
 
     logging.getLogger("flwr").setLevel(logging.WARNING)
     run_simulation(server_app=server_app, client_app=client_app, num_supernodes=w["clients"],
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": gpus},
                                    "init_args": {"num_cpus": os.cpu_count(),
                                                  "include_dashboard": False}})
     if len(stamps) != rounds + 1 or replies != [w["clients"]] * rounds:
@@ -217,54 +262,100 @@ def flower_rounds(name: str, rounds: int) -> list[float]:
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
-def mnist_rounds(epochs: int, total: int) -> dict[str, list[float]]:
-    """Round times (training + metrics) of the MNIST protocol with the default metrics and
-    with every metric off, one round of each in turn; wall times, and CPU times (``-cpu``)."""
-    import tempfile
+def timed_metrics(exp) -> dict[str, float]:
+    """Wrap the experiment's metric callbacks (AMM, training loss, dissimilarity) so that
+    their hooks add their wall and CPU seconds to the returned dict (the test and local
+    accuracy of the evaluation are not metrics one can switch off, and are not counted)."""
     import time
+
+    from protofl.engine.callbacks import Amm, Callback, Dissimilarity, TrainLoss
+
+    spent = {"wall": 0.0, "cpu": 0.0}
+
+    class Timed(Callback):
+        def __init__(self, inner):
+            self.inner = inner
+
+        def _call(self, hook, *args):
+            start, cpu = now(), time.process_time()
+            getattr(self.inner, hook)(*args)
+            spent["wall"] += now() - start
+            spent["cpu"] += time.process_time() - cpu
+
+        def after_aggregate(self, *args):
+            self._call("after_aggregate", *args)
+
+        def on_evaluate(self, *args):
+            self._call("on_evaluate", *args)
+
+    exp.callbacks = [Timed(cb) if isinstance(cb, (Amm, TrainLoss, Dissimilarity)) else cb
+                     for cb in exp.callbacks]
+    return spent
+
+
+def mnist_rounds(epochs: int, total: int, device: str) -> dict[str, list[float]]:
+    """Round times of the MNIST protocol with the default metrics (``default``: training,
+    aggregation, evaluation and the metrics) and the same rounds less the time the metrics
+    took (``off``); wall times, and CPU times of the process and its worker processes
+    (``-cpu``)."""
+    import tempfile
 
     with tempfile.TemporaryDirectory() as root:
         write_mnist_like(root)
-        exps = {"default": mnist_experiment(root, epochs, total, metrics=MNIST_METRICS),
-                "off": mnist_experiment(root, epochs, total, metrics=METRICS_OFF)}
-        times: dict[str, list[float]] = {k: [] for v in exps for k in (v, v + "-cpu")}
+        exp = mnist_experiment(root, epochs, 100, device=device)  # the protocol's 100 rounds
+        spent = timed_metrics(exp)
+        times: dict[str, list[float]] = {k: [] for k in ("default", "off", "default-cpu",
+                                                          "off-cpu", "metrics")}
         for _ in range(total):
-            for v, exp in exps.items():
-                start, cpu = now(), time.process_time()
-                exp.step()
-                times[v].append(now() - start)
-                times[v + "-cpu"].append(time.process_time() - cpu)
+            before = dict(spent)
+            start, cpu = now(), tree_cpu()
+            exp.step()
+            sync(device)
+            wall, used = now() - start, tree_cpu() - cpu
+            metric_wall = spent["wall"] - before["wall"]
+            times["default"].append(wall)
+            times["off"].append(wall - metric_wall)
+            times["default-cpu"].append(used)
+            times["off-cpu"].append(used - (spent["cpu"] - before["cpu"]))
+            times["metrics"].append(metric_wall)
+        exp.close()
     return times
 
 
-def child(variant: str, name: str, warmup: int, rounds: int, threads: int) -> dict:
+def child(variant: str, name: str, warmup: int, rounds: int, a: argparse.Namespace) -> dict:
     """Round times of one variant, or of several in-process ones (``a+b+c``) run round by
     round in turn, so that a change in the machine's load hits them alike."""
-    torch.set_num_threads(threads)
+    torch.set_num_threads(a.threads)
     total = warmup + rounds
-    with TreeSampler() as mem:
+    with TreeSampler(proportional=True) as mem:
         if variant == "flower":
-            times = {variant: flower_rounds(name, total)}
+            times = {variant: flower_rounds(name, total, a.flower_gpus, a.device)}
         elif name == "mnist":
-            times = mnist_rounds(WORKLOADS["mnist"]["steps"], total)
+            times = mnist_rounds(WORKLOADS["mnist"]["steps"], total, a.device)
         else:
-            make = {"loop": loop_rounds, "floor": floor_rounds}
-            runs = {v: make[v](name) if v in make else protofl_rounds(name, v)
-                    for v in variant.split("+")}
+            runs = {}
+            for v in variant.split("+"):
+                if v == "loop":
+                    runs[v] = loop_rounds(name, a.threads, a.device)
+                elif v == "floor":
+                    runs[v] = floor_rounds(name, a.threads, a.device)
+                else:
+                    runs[v] = protofl_rounds(name, v, a.workers, a.threads, a.device)
             times = {v: [] for v in runs}
             for _ in range(total):
                 for v, run in runs.items():
                     times[v].append(next(run))
     timed = {v: t[warmup:] for v, t in times.items()}
     return {"variant": variant, "workload": name, "times": timed,
-            "median": {v: statistics.median(t) for v, t in timed.items()}, "peak_rss": mem.peak}
+            "median": {v: statistics.median(t) for v, t in timed.items()}, "peak": mem.peak}
 
 
-def run_child(variant: str, name: str, warmup: int, rounds: int, threads: int,
+def run_child(variant: str, name: str, warmup: int, rounds: int, a: argparse.Namespace,
               timeout: float, steps: int) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", variant, name,
-           "--warmup", str(warmup), "--rounds", str(rounds), "--threads", str(threads),
-           "--steps", str(steps)]
+           "--warmup", str(warmup), "--rounds", str(rounds), "--threads", str(a.threads),
+           "--workers", str(a.workers), "--steps", str(steps), "--device", a.device,
+           "--flower-gpus", str(a.flower_gpus)]
     here = os.path.dirname(os.path.abspath(__file__))  # Ray's workers import workloads.py
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [here, *filter(None, [os.environ.get("PYTHONPATH")])])}
@@ -279,6 +370,13 @@ def run_child(variant: str, name: str, warmup: int, rounds: int, threads: int,
             "error": (out.stderr.strip().splitlines() or ["no output"])[-1][:300]}
 
 
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 warm-up + 3 timed rounds")
@@ -287,12 +385,20 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads per process (default 1: see the module docstring)")
+                    help="torch threads of the single-process variants (default 1: see the "
+                         "module docstring)")
+    ap.add_argument("--workers", type=int, default=usable_cores(),
+                    help="protofl's worker processes (workers: auto = every usable core)")
+    ap.add_argument("--device", default="cpu",
+                    help="where protofl, the loop, the floor and Flower's clients train")
+    ap.add_argument("--flower-gpus", type=float, default=0.0,
+                    help="GPU share of each Flower ClientApp actor (client-resources-num-gpus)")
     ap.add_argument("--steps", type=int, default=None,
                     help="local steps per client (default: the workload's; --quick: 5 for cnn)")
     ap.add_argument("--mnist-epochs", type=int, default=None,
                     help=f"mnist: local epochs (default {MNIST_EPOCHS}; --quick: "
                          f"{QUICK_MNIST_EPOCHS})")
+    ap.add_argument("--json", help="also write every result to this JSON file")
     ap.add_argument("--child", nargs=2, metavar=("VARIANT", "WORKLOAD"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     warmup = a.warmup if a.warmup is not None else (1 if a.quick else 3)
@@ -302,74 +408,91 @@ def main() -> None:
                                                       else MNIST_EPOCHS)}
     if a.child:
         WORKLOADS[a.child[1]]["steps"] = a.steps
-        print(json.dumps(child(*a.child, warmup, rounds, a.threads)), flush=True)
+        print(json.dumps(child(*a.child, warmup, rounds, a)), flush=True)
         return
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, torch threads {a.threads} per "
-          f"process; {warmup} warm-up + {rounds} timed rounds; medians")
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs ({usable_cores()} usable), device "
+          f"{a.device}; single-process variants {a.threads} torch threads, protofl {a.workers} "
+          f"workers; {warmup} warm-up + {rounds} timed rounds; medians; load average "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
+    report: dict = {"args": vars(a), "results": {}}
     for name in a.workloads.split(","):
         if name == "mnist":
-            mnist_report(a, a.warmup if a.warmup is not None else 1,
-                         a.rounds if a.rounds is not None else (2 if a.quick else 5))
+            report["results"]["mnist"] = mnist_report(
+                a, a.warmup if a.warmup is not None else 1,
+                a.rounds if a.rounds is not None else (5 if a.quick else 10))
             continue
-        w = WORKLOADS[name]
-        w["steps"] = a.steps or (QUICK_STEPS.get(name, w["steps"]) if a.quick else w["steps"])
-        print(f"\n== {w['title']}: {w['clients']} active clients x {w['steps']} local steps of "
-              f"batch {w['batch']}")
-        res = {}
-        wanted = a.variants.split(",")
-        local = [v for v in wanted if v != "flower"]
-        if local:  # timing: in turn, in one process; memory: one process per variant
-            both = run_child("+".join(local), name, warmup, rounds, a.threads, timeout=1800,
-                             steps=w["steps"])
-            for v in local:
-                mem = run_child(v, name, 1, 1, a.threads, timeout=900, steps=w["steps"])
-                if "error" in both or "error" in mem:
-                    res[v] = {"error": both.get("error") or mem.get("error")}
-                else:
-                    res[v] = {"times": both["times"][v], "median": both["median"][v],
-                              "peak_rss": mem["peak_rss"]}
-        if "flower" in wanted:
-            r = run_child("flower", name, warmup, rounds, a.threads, timeout=900, steps=w["steps"])
-            res["flower"] = r if "error" in r else {
-                "times": r["times"]["flower"], "median": r["median"]["flower"],
-                "peak_rss": r["peak_rss"]}
-        for v in wanted:
-            r = res[v]
-            if "error" in r:
-                print(f"{v:>10}: FAILED ({r['error']})", flush=True)
+        report["results"][name] = workload_report(a, name, warmup, rounds)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+def workload_report(a: argparse.Namespace, name: str, warmup: int, rounds: int) -> dict:
+    w = WORKLOADS[name]
+    w["steps"] = a.steps or (QUICK_STEPS.get(name, w["steps"]) if a.quick else w["steps"])
+    print(f"\n== {w['title']}: {w['clients']} active clients x {w['steps']} local steps of "
+          f"batch {w['batch']}", flush=True)
+    res = {}
+    wanted = a.variants.split(",")
+    local = [v for v in wanted if v != "flower"]
+    if local:  # timing: in turn, in one process; memory: one process per variant
+        both = run_child("+".join(local), name, warmup, rounds, a, timeout=1800,
+                         steps=w["steps"])
+        for v in local:
+            mem = run_child(v, name, 1, 1, a, timeout=900, steps=w["steps"])
+            if "error" in both or "error" in mem:
+                res[v] = {"error": both.get("error") or mem.get("error")}
             else:
-                print(f"{v:>10}: {r['median']:.4f} s/round (min {min(r['times']):.4f}, "
-                      f"max {max(r['times']):.4f}), peak RSS {r['peak_rss'] / 2**20:.0f} MiB",
-                      flush=True)
-        ours = res.get("vectorized")
-        if not ours or "error" in ours:
-            continue
-        for v, label in (("flower", "flower"), ("loop", "loop"), ("sequential", "sequential"),
-                         ("floor", "floor")):
+                res[v] = {"times": both["times"][v], "median": both["median"][v],
+                          "peak": mem["peak"]}
+    if "flower" in wanted:
+        r = run_child("flower", name, warmup, rounds, a, timeout=900, steps=w["steps"])
+        res["flower"] = r if "error" in r else {
+            "times": r["times"]["flower"], "median": r["median"]["flower"], "peak": r["peak"]}
+    for v in wanted:
+        r = res[v]
+        if "error" in r:
+            print(f"{v:>10}: FAILED ({r['error']})", flush=True)
+        else:
+            print(f"{v:>10}: {r['median']:.4f} s/round (min {min(r['times']):.4f}, "
+                  f"max {max(r['times']):.4f}), peak PSS {r['peak'] / 2**20:.0f} MiB",
+                  flush=True)
+    ours = res.get("auto")
+    if ours and "error" not in ours:
+        for v in ("flower", "loop", "sequential", "vectorized", "parallel", "parallel-sequential",
+                  "floor"):
             other = res.get(v)
             if other and "error" not in other:
                 ratio = other["median"] / ours["median"]
-                print(f"[{name}] vs {label}: protofl {ours['median']:.4f} s/round, other "
-                      f"{other['median']:.4f} s/round, ratio {ratio:.2f}")
+                print(f"[{name}] vs {v}: protofl {ours['median']:.4f} s/round, other "
+                      f"{other['median']:.4f} s/round, ratio {ratio:.2f}", flush=True)
+    return res
 
 
-def mnist_report(a: argparse.Namespace, warmup: int, rounds: int) -> None:
+def mnist_report(a: argparse.Namespace, warmup: int, rounds: int) -> dict:
+    from protofl.config import MetricsConfig
+
     epochs = WORKLOADS["mnist"]["steps"]
     print(f"\n== {WORKLOADS['mnist']['title']}: fedmargin, 10 of 1,000 clients, {epochs} local "
-          f"epochs of batch 10; {warmup} warm-up + {rounds} timed rounds; means")
-    print(f"default metrics: the config's, with {MNIST_METRICS}; off: {METRICS_OFF}")
-    r = run_child("default+off", "mnist", warmup, rounds, a.threads, timeout=3600, steps=epochs)
+          f"epochs of batch 10; {warmup} warm-up + {rounds} timed rounds of 100; means (the "
+          f"costly metrics run every metrics.every = {MetricsConfig().every} rounds: time whole "
+          f"periods)", flush=True)
+    print("default: the config's default metrics; off: the same rounds without the time of the "
+          "metrics one can switch off (AMM, training loss, dissimilarity)")
+    r = run_child("mnist", "mnist", warmup, rounds, a, timeout=3600, steps=epochs)
     if "error" in r:
         print(f"[mnist] FAILED ({r['error']})", flush=True)
-        return
+        return r
     mean = {v: statistics.fmean(t) for v, t in r["times"].items()}
     for v, t in r["times"].items():
         print(f"{v:>11}: {mean[v]:.3f} s/round (min {min(t):.3f}, max {max(t):.3f})")
-    print(f"peak RSS {r['peak_rss'] / 2**20:.0f} MiB (both experiments)")
-    print(f"[mnist] metrics overhead (CPU time): default {mean['default-cpu']:.3f} s/round, off "
-          f"{mean['off-cpu']:.3f} s/round, ratio {mean['default-cpu'] / mean['off-cpu']:.2f}")
+    print(f"peak PSS {r['peak'] / 2**20:.0f} MiB (the experiment and its workers)")
+    print(f"[mnist] metrics overhead (CPU time, workers included): default "
+          f"{mean['default-cpu']:.3f} s/round, off {mean['off-cpu']:.3f} s/round, ratio "
+          f"{mean['default-cpu'] / mean['off-cpu']:.2f}")
     print(f"[mnist] metrics overhead: default {mean['default']:.3f} s/round, off "
           f"{mean['off']:.3f} s/round, ratio {mean['default'] / mean['off']:.2f}", flush=True)
+    return {**r, "mean": mean}
 
 
 if __name__ == "__main__":

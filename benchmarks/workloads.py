@@ -14,13 +14,8 @@ WORKLOADS = {
     "cnn": {"title": "LEAF CNN 28x28", "clients": 10, "steps": 20, "batch": 10, "samples": 100},
 }
 LR = 0.05
-VARIANTS = ("vectorized", "sequential", "loop", "flower", "floor")
+VARIANTS = ("auto", "vectorized", "parallel", "sequential", "loop", "flower", "floor")
 MNIST_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "mnist.yaml"
-# metrics.* of the mnist workload's "default" run, on top of the config's defaults: the
-# defaults proposed with the metrics rework (issue 9); empty once config.py carries them
-MNIST_METRICS = {"train_loss_samples": 2000, "eval_batch": 256}
-METRICS_OFF = {**MNIST_METRICS, "dissimilarity_clients": 0, "amm": False,
-               "train_loss_samples": 0}  # the same evaluation batch as the default run
 
 
 
@@ -48,8 +43,9 @@ def clients_of(name: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def local_train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int,
-                batch: int) -> None:
-    """The usual local loop: a DataLoader, an optimizer, ``steps`` batches."""
+                batch: int, device: str = "cpu") -> None:
+    """The usual local loop: a DataLoader, an optimizer, ``steps`` batches (moved to the
+    model's ``device``)."""
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     loader = DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=True)
     it = iter(loader)
@@ -60,6 +56,7 @@ def local_train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps:
         except StopIteration:
             it = iter(loader)
             xb, yb = next(it)
+        xb, yb = xb.to(device), yb.to(device)
         opt.zero_grad()
         _, logits = model(xb)
         F.cross_entropy(logits, yb).backward()
@@ -88,15 +85,16 @@ def write_mnist_like(root, train: int = 60_000, test: int = 10_000, seed: int = 
 
 
 def mnist_experiment(root, epochs: int, rounds: int = 100, seed: int = 0,
-                     metrics: dict | None = None):
+                     metrics: dict | None = None, device: str = "auto"):
     """An ``Experiment`` of the seed's MNIST protocol (configs/mnist.yaml) on the IDX files in
-    ``root``, with ``epochs`` local epochs and ``metrics`` overriding ``metrics.*``."""
+    ``root``, with ``epochs`` local epochs, ``metrics`` overriding ``metrics.*`` and the
+    config's defaults otherwise (trainer, workers, threads)."""
     from protofl.config import config_from_dict, load_raw
     from protofl.engine.experiment import Experiment
 
     raw = load_raw(str(MNIST_CONFIG))
     raw["data"]["root"] = str(root)
     raw["clients"]["local_epochs"] = epochs
-    raw.update(seed=seed, rounds=rounds, checkpoint_every=0)
+    raw.update(seed=seed, rounds=rounds, checkpoint_every=0, device=device)
     raw["metrics"] = {**raw.get("metrics", {}), **(metrics or {})}
     return Experiment(config_from_dict(raw))

@@ -210,3 +210,78 @@ def test_sizes_of_zero_switch_figures_off():
     assert [expensive_due(t, 3, 10) for t in range(1, 11)] == [
         False, False, True, False, False, True, False, False, True, True]
     assert not any(expensive_due(t, 0, 10) for t in range(1, 11))
+
+
+def test_exact_dissimilarity_uses_every_client_and_row():
+    """``max_per_client=None``: all rows of every client, large clients cut into pieces of
+    ``chunk_rows`` rows and summed back (float64, against the per-client loop)."""
+    from protofl.data.federated import from_client_lists
+
+    g = torch.Generator().manual_seed(4)
+    sizes = [30, 2, 11, 7]
+    xs = [torch.randn(n, 5, generator=g, dtype=torch.float64) for n in sizes]
+    ys = [torch.randint(0, 3, (n,), generator=g) for n in sizes]
+    data = from_client_lists("t", 3, xs, ys, local_test_fraction=0.0)
+    torch.manual_seed(2)
+    model = Mlp(5, 3, hidden=(6,)).double()
+    params, buffers = split_state(model)
+    clients = np.arange(4)
+    want = _loop_dissimilarity(model, params, buffers, data, clients, 10_000)
+    for chunk in (4, 8, 64):
+        got = gradient_dissimilarity(model, params, buffers, data, clients, None, chunk)
+        assert abs(got - want) <= 1e-10 * max(1.0, abs(want))
+    capped = gradient_dissimilarity(model, params, buffers, data, clients, 5)
+    assert abs(capped - _loop_dissimilarity(model, params, buffers, data, clients, 5)) < 1e-10
+
+
+def test_costly_metrics_every_n_rounds_and_the_last():
+    from protofl.engine.experiment import Experiment
+
+    cfg = config_for_metrics({"every": 2, "train_loss_samples": 40, "dissimilarity_clients": 2,
+                              "dissimilarity_rows": 10}, rounds=3)
+    exp = Experiment(cfg)
+    records = [exp.step() for _ in range(3)]
+    assert ["train_loss" in r for r in records] == [False, True, True]
+    assert ["dissimilarity" in r for r in records] == [False, True, True]
+    assert all("accuracy" in r and "amm" in r for r in records)
+    off = Experiment(config_for_metrics({"every": 0}, rounds=1)).step()
+    assert "train_loss" not in off and "dissimilarity" not in off and "accuracy" in off
+
+
+def test_a_figure_switched_off_leaves_no_key():
+    from protofl.engine.experiment import Experiment
+
+    for metrics in ({"train_loss_samples": 0}, {"dissimilarity_rows": 0},
+                    {"dissimilarity_clients": 0}):
+        record = Experiment(config_for_metrics(metrics, rounds=1)).step()
+        key = "train_loss" if "train_loss_samples" in metrics else "dissimilarity"
+        assert key not in record  # not a null in metrics.jsonl
+
+
+def test_test_metrics_convert_stored_rows_batch_by_batch():
+    from protofl.algorithms.registry import make_algorithm
+    from protofl.data.federated import from_client_lists
+    from protofl.metrics.federated import evaluate
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (50, 1, 4, 4), dtype=torch.uint8, generator=g)
+    y = torch.randint(0, 3, (50,), generator=g)
+    data = from_client_lists("u8", 3, [x[:30], x[30:]], [y[:30], y[30:]], x, y, 0.0,
+                             scale=255.0)
+    torch.manual_seed(0)
+    model = Mlp(16, 3, hidden=(5,))  # flattens (1, 4, 4) images
+    alg = make_algorithm("fedavg", {}, model, 3)
+    s = alg.init_state(model)
+    args = (alg, model, s["params"], s["buffers"], s)
+    lean = evaluate(*args, data.x_test, data.y_test, 3, batch=7, inputs=data.inputs)
+    assert lean == evaluate(*args, data.x_test.float() / 255.0, data.y_test, 3, batch=50)
+
+
+def config_for_metrics(metrics: dict, rounds: int):
+    from protofl.config import config_from_dict
+
+    return config_from_dict({"algorithm": "fedavg", "rounds": rounds, "checkpoint_every": 0,
+                             "trainer": "vectorized",
+                             "data": {"name": "digits", "num_clients": 4},
+                             "clients": {"per_round": 2, "local_steps": 1},
+                             "metrics": metrics})

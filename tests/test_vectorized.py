@@ -12,9 +12,10 @@ from torch import nn
 from protofl.algorithms.registry import ALGORITHMS, make_algorithm
 from protofl.data.federated import from_client_lists
 from protofl.engine import optim, vectorized
+from protofl.engine.parallel import choose_trainer
 from protofl.engine.schedule import Job
 from protofl.engine.train import LocalSetup, RoundContext, SequentialTrainer
-from protofl.engine.vectorized import VectorizedTrainer, choose_trainer
+from protofl.engine.vectorized import VectorizedTrainer
 from protofl.models.nets import Mlp, ProtoNet
 from protofl.nested import flatten
 

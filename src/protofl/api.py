@@ -58,9 +58,10 @@ def run_experiment(cfg: Config, out: str | Path | None = None, *, overwrite: boo
 
 
 def resume_experiment(out: str | Path, rounds: int | None = None, progress: bool = False,
-                      callbacks: Sequence[Callback] = ()) -> dict:
+                      callbacks: Sequence[Callback] = (), device: str | None = None) -> dict:
     """Continue a killed run from its last checkpoint; it ends as an uninterrupted run would.
-    ``rounds`` extends a run to more rounds than it was configured for."""
+    ``rounds`` extends a run to more rounds than it was configured for; ``device`` trains the
+    rest elsewhere (checkpoints are device-independent)."""
     out = Path(out)
     if not (out / runfolder.CONFIG).is_file():  # before the lock, which would create the folder
         raise ProtoflError(f"{out} is not a run folder (no {runfolder.CONFIG}): nothing to "
@@ -73,6 +74,8 @@ def resume_experiment(out: str | Path, rounds: int | None = None, progress: bool
                 raise ProtoflError(f"--rounds {rounds}: {out} has already run "
                                    f"{snapshot['round']} rounds; give at least that many")
             cfg = dataclasses.replace(cfg, rounds=rounds)
+        if device is not None:
+            cfg = config_from_dict({**cfg.to_dict(), "device": device})
         exp = runnable(Experiment(cfg), out)
         exp.callbacks += [*folder_callbacks(out, False, progress), *callbacks]
         exp.restore(snapshot)

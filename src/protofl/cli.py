@@ -38,6 +38,8 @@ def _config(args) -> Config:
         raw["tracking"] = list(dict.fromkeys([*have, *args.log]))
     if getattr(args, "log_dir", None):
         raw["tracking_dir"] = args.log_dir
+    if getattr(args, "device", None):
+        raw["device"] = args.device
     for s in args.set or []:
         apply_set(raw, s)
     return config_from_dict(raw)
@@ -52,8 +54,10 @@ def cmd_run(args) -> int:
                  if getattr(args, flag) is not None and getattr(args, flag) is not False]
         if given:
             raise ProtoflError(f"--resume continues a run as it was configured; only --rounds "
-                               f"(to extend it) may be given, not --{given[0].replace('_', '-')}")
-        summary = resume_experiment(Path(args.resume), args.rounds, progress=not args.quiet)
+                               f"(to extend it) and --device may be given, not "
+                               f"--{given[0].replace('_', '-')}")
+        summary = resume_experiment(Path(args.resume), args.rounds, progress=not args.quiet,
+                                    device=args.device)
         out = Path(args.resume)
     else:
         cfg = _config(args)
@@ -115,6 +119,8 @@ def cmd_suite(args) -> int:
     overrides: dict = {}
     if args.rounds is not None:
         overrides["rounds"] = args.rounds
+    if args.device:
+        overrides["device"] = args.device
     for s in args.set or []:
         apply_set(overrides, s)
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
@@ -265,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a config key, e.g. clients.lr=0.05 (repeatable)")
         if with_out:
+            q.add_argument("--device", help="where to train: auto (CUDA when present), cpu, "
+                           "cuda, cuda:N or mps")
             q.add_argument("--out", help="run folder (default: runs/<alg>_<data>_seed<s>_<time>)")
 
     q = sub.add_parser("run", help="run one experiment (default: fedmargin on Synthetic(1,1))",
@@ -309,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--seeds", help="comma-separated seeds (default: the suite's)")
     q.add_argument("--rounds", type=int, help="override every run's rounds")
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override every run")
+    q.add_argument("--device", help="every run's device (auto, cpu, cuda, cuda:N or mps)")
     q.set_defaults(func=cmd_suite)
 
     q = sub.add_parser("algorithms", help="list the algorithms")

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ SEED_MAX = 2**32 - 1  # numpy and torch both take seeds in [0, 2^32)
 SITE_FORMATS = ("imagefolder", "medmnist", "ham10000", "matek19", "mnist", "voc", "voc_macro",
                 "hf")
 FLOAT32_MAX = 3.4028234663852886e38  # optimizer steps take their settings as float32
+DEVICES = r"auto|cpu|cuda(:\d+)?|mps"  # what the `device` key accepts
 
 
 @dataclass(frozen=True)
@@ -42,11 +44,15 @@ class Rule:
     lt: float | None = None
     path: bool = False  # a file or folder: '~' is expanded
     fallback: Any = None  # what null means when the algorithm sets no default (resolve_defaults)
+    pattern: str | None = None  # a string must match this regular expression (choices: shown)
+    auto: bool = False  # the string "auto" is accepted and stands for null
+
 
     def allowed(self, hint: Any) -> str:
         """The allowed values in words, e.g. ``an integer >= 1`` or ``sgd or adam``."""
         if self.choices:
-            words = (["null"] if _nullable(hint) else []) + [str(c) for c in self.choices]
+            words = (["null"] if _nullable(hint) and not self.auto else []) + [
+                str(c) for c in self.choices]
             if typing.get_origin(_base(hint)) is list:
                 return "a list of: " + ", ".join(words)
             return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
@@ -63,11 +69,15 @@ class Rule:
             text += " " + " and ".join(bounds)
         if not _nullable(hint):
             return text
+        if self.auto:
+            return "auto or " + text
         return "null, true or false" if base is bool else "null or " + text
 
     def ok(self, value: Any) -> bool:
         if value is None:
             return True
+        if self.pattern is not None:
+            return isinstance(value, str) and re.fullmatch(self.pattern, value) is not None
         if self.choices:
             if isinstance(value, list):
                 return all(v in self.choices for v in value)
@@ -198,12 +208,19 @@ class ClientConfig:
 
 @dataclass
 class MetricsConfig:
-    dissimilarity_clients: int = option(30, "gradient dissimilarity over this many seeded "
-                                            "clients (0: off)", ge=0)
+    dissimilarity_clients: int = option(30, "gradient dissimilarity estimated on this many "
+                                            "seeded probe clients (0: off)", ge=0)
+    dissimilarity_rows: int = option(100, "rows per probe client in that estimate: its first N "
+                                          "training rows (0: off)", ge=0)
+    dissimilarity_exact: bool = option(False, "gradient dissimilarity over every client and all "
+                                              "its rows (the seed's figure; costly) instead of "
+                                              "the seeded estimate")
     amm: bool = option(True, "log the aggregate mean margin (AMM)")
-    train_loss_samples: int = option(20000, "training loss of the aggregate model on up to "
-                                            "this many samples (0: off)", ge=0)
-    eval_batch: int = option(2048, "evaluation batch size", ge=1)
+    train_loss_samples: int = option(2000, "training loss of the aggregate model on a seeded "
+                                           "sample of up to this many rows (0: off)", ge=0)
+    eval_batch: int = option(256, "evaluation batch size", ge=1)
+    every: int = option(5, "costly figures (training loss, gradient dissimilarity) on evaluated "
+                           "rounds that are a multiple of N, and the last (0: never)", ge=0)
     save_weights: bool | None = option(
         None, "keep the aggregate weights of every round in weights/round_NNNN.safetensors "
               "(an FFD reference); null: true for central, else false", fallback=False)
@@ -261,9 +278,19 @@ class Config:
                                 "the last round always", ge=1)
     checkpoint_every: int = option(10, "save the checkpoint every N rounds and always after "
                                        "the last (0: after the last only)", ge=0)
-    trainer: str = option("auto", "vectorized (vmap over clients), sequential, or auto "
-                                  "(vectorized when the model and loss allow)",
-                          choices=("auto", "sequential", "vectorized"))
+    trainer: str = option("auto", "vectorized (vmap over clients), sequential, parallel (clients "
+                                  "spread over worker processes, CPU), or auto (parallel for "
+                                  "convolutional models on a multi-core CPU, else vectorized "
+                                  "when the model and loss allow)",
+                          choices=("auto", "sequential", "vectorized", "parallel"))
+    workers: int | None = option(None, "worker processes of the parallel trainer (auto: every "
+                                       "usable core)", ge=1, auto=True)
+    device: str = option("auto", "where the model trains and is evaluated (auto: CUDA when "
+                                 "present, else the CPU)",
+                         choices=("auto", "cpu", "cuda", "cuda:N", "mps"), pattern=DEVICES)
+    precision: str = option("fp32", "forward passes in float32, or mixed precision (autocast) "
+                                    "in bfloat16 or float16 (with a loss scaler)",
+                            choices=("fp32", "bf16", "fp16"))
     threads: int | None = option(None, "torch threads of the run (null: 1 for models under a "
                                        "million parameters, else half the usable cores); "
                                        "results are bit-identical only at a fixed count",
@@ -301,8 +328,10 @@ def build(cls: type, raw: Any, where: str = "") -> Any:
         if key not in fields:
             allowed = ", ".join(sorted(fields))
             raise ProtoflError(f"config: unknown key {path!r}; allowed: {allowed}")
-        value = _coerce(hints[key], value, path)
         rule = fields[key].metadata.get("rule")
+        if rule is not None and rule.auto and value == "auto":
+            value = None
+        value = _coerce(hints[key], value, path)
         if rule is not None:
             if rule.path and isinstance(value, str):
                 value = os.path.expanduser(value)
@@ -383,6 +412,8 @@ def option_rows(cls: type = Config, prefix: str = "") -> list[tuple[str, str, st
             rows += option_rows(hint, f"{prefix}{name}.")
         elif rule is not None:
             shown = json.dumps(default, ensure_ascii=False)
+            if rule.auto and default is None:
+                shown = '"auto"'
             if rule.fallback is not None:
                 shown = f"algorithm's, else {json.dumps(rule.fallback)}"
             rows.append((f"{prefix}{name}", shown, rule.allowed(hint), rule.help))

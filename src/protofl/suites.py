@@ -20,7 +20,7 @@ SYNTHETIC = {
     "rounds": 60,
     "clients": {"per_round": 10, "local_steps": 20, "batch_size": 10, "lr": 0.01,
                 "stragglers": 0.5},
-    "metrics": {"dissimilarity_clients": 30},
+    "metrics": {"dissimilarity_clients": 30, "every": 1},  # per-round curves (small runs)
 }
 DIGITS_NONIID = {
     "data": {"name": "digits", "partition": "classes", "classes_per_client": 2,
@@ -28,7 +28,7 @@ DIGITS_NONIID = {
     "rounds": 40,
     "clients": {"per_round": 10, "local_steps": 20, "batch_size": 10, "lr": 0.05,
                 "stragglers": 0.5},
-    "metrics": {"dissimilarity_clients": 30},
+    "metrics": {"dissimilarity_clients": 30, "every": 1},  # per-round curves (small runs)
 }
 
 # fedproin's protocol (K = 10, half active, Dirichlet 0.5 and IID) scaled to the digits CNN;
@@ -121,9 +121,10 @@ def _one(args: tuple[dict, str, bool]) -> str:
     from protofl.api import run_experiment
     from protofl.config import config_from_dict
 
-    # one thread per worker process (the pool already uses every core)
-    run_experiment(config_from_dict({"threads": 1, **raw}), Path(out), overwrite=True,
-                   progress=progress)
+    # one thread and no worker processes of its own per suite process (the pool already uses
+    # every core)
+    run_experiment(config_from_dict({"threads": 1, "workers": 1, **raw}), Path(out),
+                   overwrite=True, progress=progress)
     return out
 
 

@@ -179,7 +179,8 @@ class FedMargin(Algorithm):
         opts = self.opts
         present = counts > 0
         if reference is None:
-            reference = torch.ones(self.num_classes, dtype=torch.bool)
+            reference = torch.ones(self.num_classes, dtype=torch.bool,
+                                   device=server_protos.device)
         p = protos.to(torch.float64)
         lpm = reduce_classes(class_scores(p, before.to(torch.float64), present, present, opts),
                              opts.reduce)

@@ -110,8 +110,8 @@ def cluster_means(rows: torch.Tensor, limit: int, level: str
     mask ``(limit,)`` of the real ones (the smallest clusters beyond ``limit`` are dropped)."""
     labels = finch.select(finch.finch(rows, "cosine"), level)
     means, _ = finch.cluster_means(rows, labels, limit)
-    protos = torch.zeros(limit, rows.shape[1], dtype=rows.dtype)
-    mask = torch.zeros(limit, dtype=rows.dtype)
+    protos = torch.zeros(limit, rows.shape[1], dtype=rows.dtype, device=rows.device)
+    mask = torch.zeros(limit, dtype=rows.dtype, device=rows.device)
     protos[:len(means)] = means.to(rows.dtype)
     mask[:len(means)] = 1.0
     return protos, mask
@@ -121,8 +121,8 @@ def cluster_classes(z: torch.Tensor, y: torch.Tensor, num_classes: int, limit: i
                     level: str) -> tuple[torch.Tensor, torch.Tensor]:
     """FINCH (cosine) on each class's rows: padded cluster means ``(C, limit, d)`` and the mask
     ``(C, limit)``."""
-    protos = torch.zeros(num_classes, limit, z.shape[1], dtype=z.dtype)
-    mask = torch.zeros(num_classes, limit, dtype=z.dtype)
+    protos = torch.zeros(num_classes, limit, z.shape[1], dtype=z.dtype, device=z.device)
+    mask = torch.zeros(num_classes, limit, dtype=z.dtype, device=z.device)
     for c in torch.unique(y).tolist():
         protos[c], mask[c] = cluster_means(z[y == c], limit, level)
     return protos, mask

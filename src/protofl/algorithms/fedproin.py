@@ -247,7 +247,8 @@ class FedProIn(Algorithm):
             "global_buffers": {k: v.detach().clone() for k, v in broadcast["buffers"].items()},
             "prev_prototypes": prev if has_prev else torch.zeros_like(
                 broadcast["params"]["prototypes"]),
-            "has_prev": torch.tensor(1.0 if has_prev else 0.0),
+            "has_prev": torch.tensor(1.0 if has_prev else 0.0,
+                                     device=broadcast["params"]["prototypes"].device),
         }
 
     def loss(self, model, params, buffers, x, y, w, ctx):

@@ -21,7 +21,7 @@ def first_neighbours(x: torch.Tensor, metric: str = "cosine") -> torch.Tensor:
     out = []
     for start in range(0, len(x), CHUNK):
         d = prototype_math.pairwise_distance(x[start:start + CHUNK], x, metric)
-        rows = torch.arange(len(d))
+        rows = torch.arange(len(d), device=d.device)
         d[rows, rows + start] = float("inf")
         out.append(d.argmin(dim=1))
     return torch.cat(out)
@@ -29,7 +29,7 @@ def first_neighbours(x: torch.Tensor, metric: str = "cosine") -> torch.Tensor:
 
 def components(neighbour: torch.Tensor) -> torch.Tensor:
     """Connected components of the graph with edges ``i - neighbour[i]``: labels 0..k-1,
-    numbered in order of each component's first point."""
+    numbered in order of each component's first point (on ``neighbour``'s device)."""
     parent = list(range(len(neighbour)))
 
     def root(i: int) -> int:
@@ -43,7 +43,8 @@ def components(neighbour: torch.Tensor) -> torch.Tensor:
         if ri != rj:
             parent[max(ri, rj)] = min(ri, rj)
     names: dict[int, int] = {}
-    return torch.tensor([names.setdefault(root(i), len(names)) for i in range(len(parent))])
+    return torch.tensor([names.setdefault(root(i), len(names)) for i in range(len(parent))],
+                        device=neighbour.device)
 
 
 def finch(x: torch.Tensor, metric: str = "cosine") -> list[torch.Tensor]:
@@ -51,9 +52,9 @@ def finch(x: torch.Tensor, metric: str = "cosine") -> list[torch.Tensor]:
     tensor (labels 0..k-1) over the original rows, each with fewer clusters than the last."""
     n = len(x)
     if n < 2:
-        return [torch.zeros(n, dtype=torch.long)]
+        return [torch.zeros(n, dtype=torch.long, device=x.device)]
     partitions: list[torch.Tensor] = []
-    labels = torch.arange(n)
+    labels = torch.arange(n, device=x.device)
     points = x
     while len(points) >= 2:
         merged = components(first_neighbours(points, metric))[labels]

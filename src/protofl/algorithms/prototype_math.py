@@ -3,6 +3,8 @@ prototype margins, count-weighted aggregation and nearest-prototype influence co
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 EPS = 1e-8
@@ -37,11 +39,22 @@ def minmax(p: torch.Tensor, present: torch.Tensor, mode: str = "class",
     return torch.where(present.unsqueeze(1), out, torch.zeros_like(out))
 
 
+def full_precision(device: torch.device):
+    """A context where autocast is off on ``device`` (nothing changes where it is not on)."""
+    if device.type in ("cpu", "cuda") and torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
 def pairwise_distance(a: torch.Tensor, b: torch.Tensor, metric: str = "euclidean"
                       ) -> torch.Tensor:
-    """``(n, d) x (m, d) -> (n, m)`` Euclidean distance or cosine distance (1 - cos)."""
+    """``(n, d) x (m, d) -> (n, m)`` Euclidean distance or cosine distance (1 - cos), in at
+    least float32 (mixed-precision features meet float32 prototypes)."""
+    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
+    a, b = a.to(dtype), b.to(dtype)
     if metric == "euclidean":
-        return torch.cdist(a.unsqueeze(0), b.unsqueeze(0)).squeeze(0)
+        with full_precision(a.device):
+            return torch.cdist(a.unsqueeze(0), b.unsqueeze(0)).squeeze(0)
     if metric == "cosine":
         an = a / a.norm(dim=1, keepdim=True).clamp_min(EPS)
         bn = b / b.norm(dim=1, keepdim=True).clamp_min(EPS)

@@ -84,8 +84,9 @@ def random_augment(x: torch.Tensor, gen: torch.Generator, spec: AugmentSpec = Au
 
 
 def class_augment_probability(counts: torch.Tensor) -> torch.Tensor:
-    """``p[c] = 1 - n_c / n_max`` (the majority class is never augmented; absent classes 0)."""
-    counts = counts.to(torch.float64)
+    """``p[c] = 1 - n_c / n_max`` (the majority class is never augmented; absent classes 0), in
+    float64 (float32 on MPS, which has no float64)."""
+    counts = counts.to(torch.float64 if counts.device.type != "mps" else torch.float32)
     top = counts.max().clamp_min(1.0)
     return torch.where(counts > 0, 1.0 - counts / top, torch.zeros_like(counts))
 

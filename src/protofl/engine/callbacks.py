@@ -114,39 +114,62 @@ class TestMetrics(Callback):
         alg, data, state = exp.alg, exp.data, exp.state
         batch = exp.cfg.metrics.eval_batch
         weights = alg.global_weights(state)
-        if weights is not None:
-            record.update(fm.evaluate(alg, alg.model, weights["params"], weights["buffers"],
-                                      state, data.inputs(data.x_test), data.y_test,
-                                      data.num_classes, batch))
-        preds = fm.client_predictions(alg, alg.model, state, data, exp.client_states, batch)
+        with exp.autocast():
+            if weights is not None:
+                record.update(fm.evaluate(alg, alg.model, weights["params"], weights["buffers"],
+                                          state, data.x_test, data.y_test, data.num_classes,
+                                          batch, inputs=data.inputs))
+            preds = fm.client_predictions(alg, alg.model, state, data, exp.client_states, batch)
         record.update(fm.client_figures(preds, data.num_classes, pooled=alg.personalized))
 
 
+def costly_due(exp: Experiment, record: dict) -> bool:
+    """Whether this evaluated round computes the costly figures (``metrics.every``)."""
+    return fm.expensive_due(record["round"], exp.cfg.metrics.every, exp.cfg.rounds)
+
+
 class TrainLoss(Callback):
-    """Cross-entropy of the aggregate model on (a seeded sample of) all training data
-    (``metrics.train_loss_samples``; 0: off; none where the training data are not, as on a
-    Flower site federation's server)."""
+    """Cross-entropy of the aggregate model on a seeded sample of the training rows
+    (``metrics.train_loss_samples``; 0: off), every ``metrics.every`` rounds; none where the
+    training data are not (a Flower site federation's server)."""
 
     def on_evaluate(self, exp, record):
         n = exp.cfg.metrics.train_loss_samples
-        if n and len(exp.data.y_train) and exp.alg.global_weights(exp.state) is not None:
-            record["train_loss"] = fm.train_loss(exp.alg, exp.alg.model, exp.state, exp.data, n,
-                                                 exp.cfg.seed, exp.cfg.metrics.eval_batch)
+        if not n or not costly_due(exp, record) or exp.alg.global_weights(exp.state) is None:
+            return
+        with exp.autocast():
+            loss = fm.train_loss(exp.alg, exp.alg.model, exp.state, exp.data, n, exp.cfg.seed,
+                                 exp.cfg.metrics.eval_batch)
+        if loss is not None:
+            record["train_loss"] = loss
 
 
 class Dissimilarity(Callback):
-    """Gradient dissimilarity of the aggregate model over a fixed seeded sample of clients
-    (``metrics.dissimilarity_clients``; 0: off; none where the training data are not)."""
+    """Gradient dissimilarity of the aggregate model, every ``metrics.every`` rounds: an
+    estimate over a fixed seeded sample of probe clients (``metrics.dissimilarity_clients``)
+    and their first rows (``metrics.dissimilarity_rows``), or with
+    ``metrics.dissimilarity_exact`` the figure over every client and all its rows. 0 for
+    either size switches it off; none where the training data are not."""
 
     def on_evaluate(self, exp, record):
-        n = min(exp.cfg.metrics.dissimilarity_clients, exp.data.num_clients)
-        n = n if len(exp.data.y_train) else 0
+        m = exp.cfg.metrics
+        if not len(exp.data.y_train):
+            return
         weights = exp.alg.global_weights(exp.state)
-        if n and weights is not None:
-            probe = np.sort(np_rng(exp.cfg.seed, PROBE).choice(exp.data.num_clients, n,
-                                                               replace=False))
-            record["dissimilarity"] = fm.gradient_dissimilarity(
-                exp.alg.model, weights["params"], weights["buffers"], exp.data, probe)
+        if not (m.dissimilarity_clients and m.dissimilarity_rows) or weights is None or (
+                not costly_due(exp, record)):
+            return
+        k = exp.data.num_clients
+        if m.dissimilarity_exact:
+            clients, rows = np.arange(k), None
+        else:
+            n = min(m.dissimilarity_clients, k)
+            clients = np.sort(np_rng(exp.cfg.seed, PROBE).choice(k, n, replace=False))
+            rows = m.dissimilarity_rows
+        value = fm.gradient_dissimilarity(exp.alg.model, weights["params"], weights["buffers"],
+                                          exp.data, clients, rows)
+        if value is not None:
+            record["dissimilarity"] = value
 
 
 class FeatureFidelity(Callback):

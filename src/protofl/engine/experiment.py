@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import time
 
 import numpy as np
@@ -18,7 +17,9 @@ from protofl.algorithms.registry import make_algorithm
 from protofl.config import Config, resolve_defaults
 from protofl.data.federated import FederatedData
 from protofl.data.registry import dataset_spec, load_dataset
+from protofl.engine import device as devices
 from protofl.engine.callbacks import Callback, load_callback, metric_callbacks
+from protofl.engine.parallel import choose_trainer, resolve_workers, usable_cores
 from protofl.engine.private import PrivateRounds, dp_on
 from protofl.engine.schedule import (
     SAMPLE,
@@ -29,7 +30,6 @@ from protofl.engine.schedule import (
     step_budget,
 )
 from protofl.engine.train import ClientResult, LocalSetup, RoundContext, Trainer
-from protofl.engine.vectorized import choose_trainer
 from protofl.errors import Diverged, ProtoflError
 from protofl.models.registry import build_model
 from protofl.nested import flatten
@@ -37,13 +37,6 @@ from protofl.nested import flatten
 log = logging.getLogger("protofl")
 
 SMALL_MODEL = 1_000_000  # parameters: below this, one thread is fastest (no sync overhead)
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def auto_threads(model: torch.nn.Module) -> int:
@@ -69,6 +62,8 @@ class Experiment:
 
     def __init__(self, cfg: Config, *, trainer: Trainer | None = None,
                  callbacks: list[Callback] | None = None, data: FederatedData | None = None):
+        self.device = devices.resolve(cfg.device)
+        self.server = devices.server_device(self.device)  # the state and aggregation
         self.data = data = data if data is not None else load_dataset(
             cfg.data, lean=True)  # rows as stored (e.g. uint8)
         model_name = cfg.model.name if cfg.model.name != "auto" else (
@@ -76,6 +71,7 @@ class Experiment:
         torch.manual_seed(cfg.seed)
         model = build_model(model_name, data.input_shape, data.num_classes, cfg.model)
         self.alg = make_algorithm(cfg.algorithm, cfg.algo, model, data.num_classes)
+        self.alg.model.to(self.device)  # built on the CPU: the same weights on every device
         threads = cfg.threads or auto_threads(self.alg.model)
         torch.set_num_threads(threads)
         defaults = dict(self.alg.client_defaults)
@@ -83,6 +79,7 @@ class Experiment:
             defaults["sampling"] = "uniform"  # DP cannot account for size-weighted sampling
         self.cfg = cfg = dataclasses.replace(
             cfg, algorithm=self.alg.name, algo=self.alg.options(), threads=threads,
+            workers=resolve_workers(cfg.workers),
             data=dataclasses.replace(cfg.data, num_clients=data.num_clients,
                                      partition=cfg.data.partition or dataset_spec(
                                          cfg.data.name).partition),
@@ -101,26 +98,33 @@ class Experiment:
             self.cfg = cfg = dataclasses.replace(cfg, clients=dataclasses.replace(
                 c, per_round=1, local_steps=budget, stragglers=0.0))
             c = cfg.clients
-        self.state = self.alg.init_state(self.alg.model)
+        self.state = devices.to_device(self.alg.init_state(self.alg.model), self.server)
         if cfg.metrics.save_weights and self.alg.global_weights(self.state) is None:
             raise ProtoflError(f"config: metrics.save_weights: {self.alg.name} has no "
                                "aggregate model to save (each client keeps its own)")
         self.private = PrivateRounds.build(cfg, self.alg, data.num_clients, self.state)
-        self.client_states: dict[int, dict] = {}
+        self.client_states: dict[int, dict] = {}  # on the CPU; moved over while active
         self.round = 0
         self.stopped = ""  # why the run ended before cfg.rounds (the privacy budget)
         self.elapsed = 0.0
         self.last: dict = {}  # the last evaluated round's record
         self.setup = LocalSetup(c.batch_size, c.local_steps is not None, c.optimizer, c.lr,
-                                c.momentum, c.weight_decay, cfg.seed)
-        self.trainer = trainer or choose_trainer(cfg.trainer, self.alg.model)
+                                c.momentum, c.weight_decay, cfg.seed, str(self.device),
+                                cfg.precision)
+        self.trainer = trainer or choose_trainer(cfg.trainer, self.alg.model, self.device,
+                                                 cfg.workers, cfg.precision)
         self.callbacks = (metric_callbacks() if callbacks is None else list(callbacks)) + [
             load_callback(path) for path in cfg.callbacks]
 
     def client_inputs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Client ``k``'s training inputs (as the model sees them) and labels."""
+        """Client ``k``'s training inputs (as the model sees them) and labels, where the server
+        state is (to meet uploads)."""
         x, y = self.train_data.client_train(k)
-        return self.train_data.inputs(x), y
+        return self.train_data.inputs(devices.upload(x, self.server)), y.to(self.server)
+
+    def autocast(self):
+        """The run's precision for forward passes (evaluation, metrics)."""
+        return devices.autocast(self.device, self.cfg.precision)
 
     @property
     def individual(self) -> bool:
@@ -150,6 +154,8 @@ class Experiment:
             raise Diverged(f"round {t}: local training diverged on every client (training "
                            "loss NaN/Inf); the run stopped (its run folder keeps the last "
                            "checkpoint); lower clients.lr")
+        for r in results:  # uploads meet the server state on its device; states wait on the CPU
+            r.upload, r.state = devices.to_device(r.upload, self.server), devices.to_host(r.state)
         record: dict = {"round": t, "clients": [r.client for r in results],
                         "stragglers": [j.client for j in jobs if j.straggler],
                         "dropped": sorted(set(active.tolist()) - {j.client for j in jobs}),
@@ -205,18 +211,21 @@ class Experiment:
 
     # ---- checkpoints ----
     def snapshot(self) -> dict:
-        return {"round": self.round, "state": self.state, "client_states": self.client_states,
-                "elapsed": self.elapsed, "last": self.last, "torch_rng": torch.get_rng_state(),
-                "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks},
-                "privacy": self.private.state_dict() if self.private else {}}
+        """Everything a checkpoint holds, every tensor on the CPU."""
+        return devices.to_host({
+            "round": self.round, "state": self.state, "client_states": self.client_states,
+            "elapsed": self.elapsed, "last": self.last, "torch_rng": torch.get_rng_state(),
+            "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks},
+            "privacy": self.private.state_dict() if self.private else {}})
 
     def restore(self, snap: dict) -> None:
-        self.round, self.state = snap["round"], snap["state"]
-        self.client_states, self.elapsed = snap["client_states"], snap["elapsed"]
+        self.round, self.state = snap["round"], devices.to_device(snap["state"], self.server)
+        self.client_states, self.elapsed = devices.to_host(snap["client_states"]), snap["elapsed"]
         self.last = snap.get("last", {})
         torch.set_rng_state(snap["torch_rng"])
         for cb in self.callbacks:
-            cb.load_state_dict(snap.get("callbacks", {}).get(cb.name, {}))
+            cb.load_state_dict(devices.to_device(snap.get("callbacks", {}).get(cb.name, {}),
+                                                 self.server))
         if self.private is not None:
             self.private.load_state_dict(snap.get("privacy", {}))
 
@@ -228,19 +237,28 @@ class Experiment:
         if (self.private is not None and self.round < self.cfg.rounds
                 and not self.private.allows(self.round + 1)):
             self.stopped = "privacy budget"  # a resumed run that had reached it
-        while self.round < self.cfg.rounds and not self.stopped:
-            record = self.step()
-            for cb in self.callbacks:
-                cb.on_round_end(self, record)
+        try:
+            while self.round < self.cfg.rounds and not self.stopped:
+                record = self.step()
+                for cb in self.callbacks:
+                    cb.on_round_end(self, record)
+        finally:
+            self.close()
         summary = self.summary()
         for cb in self.callbacks:
             cb.on_run_end(self, summary)
         return summary
 
+    def close(self) -> None:
+        """Release what the trainer holds (the parallel trainer's worker processes)."""
+        close = getattr(self.trainer, "close", None)
+        if close is not None:
+            close()
+
     def summary(self) -> dict:
         keep = {k: v for k, v in self.last.items()
                 if not isinstance(v, list) or k == "confusion"}
         return {"algorithm": self.alg.name, "dataset": self.data.name, "seed": self.cfg.seed,
-                "rounds": self.round, "trainer": self.trainer.name,
+                "rounds": self.round, "trainer": self.trainer.name, "device": str(self.device),
                 "seconds": round(self.elapsed, 3), **keep,
                 **({"stopped": self.stopped} if self.stopped else {})}

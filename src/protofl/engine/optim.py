@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from protofl.algorithms.optimizers import ADAM_BETAS, ADAM_EPS
+from protofl.engine.device import wide
 from protofl.engine.train import LocalSetup
 
 Stacked = dict[str, torch.Tensor]
@@ -48,8 +49,8 @@ class AdamState:
 
 def init_state(params: Stacked, setup: LocalSetup) -> SgdState | AdamState:
     """Zero optimizer state for stacked ``params`` of ``n`` clients."""
-    n = next(iter(params.values())).shape[0]
-    step = torch.zeros(n, dtype=torch.float64)
+    first = next(iter(params.values()))
+    step = torch.zeros(first.shape[0], dtype=wide(first.device), device=first.device)
     if setup.optimizer == "adam":
         return AdamState(step, {k: torch.zeros_like(p) for k, p in params.items()},
                          {k: torch.zeros_like(p) for k, p in params.items()})

@@ -10,10 +10,16 @@ Flower server sends the jobs to SuperNodes. Every trainer prepares and finishes 
 Per-batch statistics: every step calls ``alg.loss_and_stats``; the statistics of the batches of
 the client's last pass (``ClientWork.stats_from`` on; see ``schedule.local_schedule``) are summed
 in float64 and handed to ``client_end`` as ``stats=`` (only when the algorithm returns some).
+
+Devices: the model, the broadcast and the active clients' states are on ``LocalSetup.device``
+(``placed``); a client's rows move there when it is prepared, and its batch order and
+augmentation draws still come from CPU generators, so every device trains on the same batches.
+``LocalSetup.precision`` runs the loss under autocast (fp16 with a loss scaler).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,6 +30,7 @@ from torch.utils._pytree import tree_map
 from protofl.algorithms.base import Algorithm, Tensors
 from protofl.algorithms.optimizers import make_optimizer
 from protofl.data.federated import FederatedData
+from protofl.engine import device as devices
 from protofl.engine.schedule import AUGMENT, ORDER, Job, local_schedule, torch_gen
 
 
@@ -38,6 +45,8 @@ class LocalSetup:
     momentum: float = 0.0
     weight_decay: float = 0.0
     seed: int = 0
+    device: str = "cpu"  # where clients train (a torch device string)
+    precision: str = "fp32"  # fp32, or autocast in bf16 / fp16
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,16 @@ class RoundContext:
 
     def client_state(self, client: int) -> Tensors:
         return self.client_states.get(client, {})
+
+
+def placed(rc: RoundContext) -> RoundContext:
+    """``rc`` with the broadcast and its jobs' client states on the setup's device (tensors
+    already there are not copied)."""
+    dev = rc.setup.device
+    states = {j.client: devices.to_device(rc.client_states[j.client], dev)
+              for j in rc.jobs if j.client in rc.client_states}
+    return dataclasses.replace(rc, broadcast=devices.to_device(rc.broadcast, dev),
+                               client_states=states)
 
 
 @dataclass
@@ -89,13 +108,14 @@ class ClientWork:
 
 
 def prepare_client(rc: RoundContext, job: Job) -> ClientWork:
-    """The client's data, its loss context and its batch schedule for this round."""
+    """The client's data (on the setup's device), its loss context and its batch schedule for
+    this round (``rc`` as ``placed`` gives it)."""
     alg, setup = rc.alg, rc.setup
-    x, y = rc.data.client_train(job.client)
-    x = rc.data.inputs(x)
+    x, y_host = rc.data.client_train(job.client)
+    x, y = rc.data.inputs(devices.upload(x, setup.device)), y_host.to(setup.device)
     ctx = alg.client_begin(alg.model, rc.broadcast, rc.client_state(job.client), x, y)
     order = torch_gen(setup.seed, ORDER, rc.round, job.client)
-    batches, last = local_schedule(alg.pipeline.order, y, job.units, setup.batch_size,
+    batches, last = local_schedule(alg.pipeline.order, y_host, job.units, setup.batch_size,
                                    setup.by_steps, order)
     counts = (torch.bincount(y.flatten(), minlength=rc.data.num_classes)[:rc.data.num_classes]
               if alg.pipeline.transform is not None else torch.empty(0))
@@ -104,10 +124,11 @@ def prepare_client(rc: RoundContext, job: Job) -> ClientWork:
 
 
 def add_stats(total: Tensors | None, stats: Tensors) -> Tensors | None:
-    """``total + stats`` leaf by leaf, in float64 (None and empty statistics add nothing)."""
+    """``total + stats`` leaf by leaf, in float64 where the device has it (None and empty
+    statistics add nothing)."""
     if not stats:
         return total
-    stats = tree_map(lambda v: v.detach().to(torch.float64), stats)
+    stats = tree_map(lambda v: v.detach().to(devices.wide(v.device)), stats)
     return stats if total is None else tree_map(torch.add, total, stats)
 
 
@@ -139,6 +160,7 @@ def finish_client(rc: RoundContext, work: ClientWork, params: Tensors, buffers: 
 def train_client(rc: RoundContext, job: Job) -> ClientResult:
     """One client's round with an ordinary optimizer loop over the algorithm's functional loss
     (the reference path; the Flower ClientApp calls this too)."""
+    rc = placed(dataclasses.replace(rc, jobs=[job]))
     alg, setup = rc.alg, rc.setup
     model = alg.model
     model.eval()
@@ -148,17 +170,25 @@ def train_client(rc: RoundContext, job: Job) -> ClientResult:
     buffers = {k: v.clone() for k, v in start["buffers"].items()}
     opt = make_optimizer(list(params.values()), setup.optimizer, setup.lr, setup.momentum,
                          setup.weight_decay)
+    scaler = devices.grad_scaler(setup.device, setup.precision)
     model.train()
     total, stats = 0.0, None
     for t, idx in enumerate(work.batches):
         xb, yb = transformed(alg, work, work.x[idx], work.y[idx])
-        loss, batch_stats = alg.loss_and_stats(model, params, buffers, xb, yb,
-                                               torch.ones(len(yb), dtype=xb.dtype), work.ctx)
+        ones = torch.ones(len(yb), dtype=xb.dtype, device=xb.device)
+        with devices.autocast(setup.device, setup.precision):
+            loss, batch_stats = alg.loss_and_stats(model, params, buffers, xb, yb, ones,
+                                                   work.ctx)
         if t >= work.stats_from:
             stats = add_stats(stats, batch_stats)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
         total += loss.item()
     return finish_client(rc, work, params, buffers, total / max(len(work.batches), 1), stats)
 

@@ -10,7 +10,9 @@ optimizer state untouched. Batches of unequal size are padded by repeating a rea
 weight ``w = 0`` (losses are weighted means, so padding changes nothing). Per-batch statistics
 (``loss_and_stats``, ``has_aux`` under ``vmap``) are summed per client over its last pass, as
 the sequential trainer sums them. Clients are trained in chunks whose estimated memory fits a
-budget; only active clients are ever stacked.
+budget (on CUDA, a share of the device's free memory); only active clients are ever stacked.
+On a device, each step's rows are gathered in host memory and copied over (through pinned
+memory on CUDA).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch.func import grad_and_value, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from protofl.algorithms.base import Algorithm, Tensors
+from protofl.engine import device as devices
 from protofl.engine import optim
 from protofl.engine.train import (
     ClientResult,
@@ -31,6 +34,7 @@ from protofl.engine.train import (
     RoundContext,
     SequentialTrainer,
     finish_client,
+    placed,
     prepare_client,
     transformed,
 )
@@ -55,16 +59,29 @@ def vectorize_reason(model: ProtoNet) -> str | None:
     return None
 
 
+def precision_reason(precision: str) -> str | None:
+    """None when ``precision`` trains vectorized; why not for fp16 (its loss scaler skips and
+    rescales each client's steps on its own, which the sequential trainer does with
+    ``torch.amp.GradScaler``)."""
+    if precision == "fp16":
+        return "fp16 training scales each client's loss with its own GradScaler"
+    return None
+
+
 def _log_once(message: str) -> None:
     if message not in _logged:
         _logged.add(message)
         log.info(message)
 
 
-def memory_budget() -> int:
-    """Bytes a chunk may use: ``$PROTOFL_VECTORIZED_BUDGET_MB`` or 1 GiB."""
+def memory_budget(device: torch.device | str = "cpu") -> int:
+    """Bytes a chunk may use: ``$PROTOFL_VECTORIZED_BUDGET_MB``, else on CUDA a share of the
+    device's free memory (``device.free_memory``), else 1 GiB."""
     mb = os.environ.get(BUDGET_ENV)
-    return int(float(mb) * (1 << 20)) if mb else DEFAULT_BUDGET
+    if mb:
+        return int(float(mb) * (1 << 20))
+    free = devices.free_memory(device)
+    return DEFAULT_BUDGET if free is None else free
 
 
 def activation_bytes(model: ProtoNet, params: Tensors, buffers: Tensors,
@@ -105,8 +122,8 @@ def trained_params(alg: Algorithm, work: ClientWork, start: Tensors) -> list[str
     x, y = work.x[idx], work.y[idx]
     model = alg.model
     model.train()
-    loss = alg.loss(model, params, start["buffers"], x, y, torch.ones(len(y), dtype=x.dtype),
-                    work.ctx)
+    ones = torch.ones(len(y), dtype=x.dtype, device=x.device)
+    loss = alg.loss(model, params, start["buffers"], x, y, ones, work.ctx)
     grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
     return [k for k, g in zip(params, grads) if g is not None]
 
@@ -166,13 +183,14 @@ def _row_index(works: list[ClientWork], offsets: list[int], steps: int
 def _add_stats(totals: list[torch.Tensor] | None, stats: list[torch.Tensor], n: int,
                count: torch.Tensor, size: int) -> list[torch.Tensor]:
     """Add the stacked statistics of the first ``n`` clients, each weighted 0 or 1
-    (``count``: whether the step is in the client's last pass), to per-client float64
-    totals (``size`` clients)."""
+    (``count``: whether the step is in the client's last pass), to per-client totals
+    (``size`` clients; float64 where the device has it)."""
     if totals is None:
-        totals = [torch.zeros(size, *v.shape[1:], dtype=torch.float64) for v in stats]
+        totals = [torch.zeros(size, *v.shape[1:], dtype=devices.wide(v.device), device=v.device)
+                  for v in stats]
     for total, v in zip(totals, stats):
         c = count.reshape(-1, *([1] * (v.dim() - 1)))
-        total[:n] += c * v.detach().to(torch.float64)
+        total[:n] += c * v.detach().to(total.dtype)
     return totals
 
 
@@ -183,6 +201,7 @@ def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors
     parameters named in ``trained`` are updated. Returns weights, buffers, mean losses and
     last-pass statistics per client."""
     alg, model, data, setup = rc.alg, rc.alg.model, rc.data, rc.setup
+    dev = setup.device
     n_steps = [len(w.batches) for w in works]
     steps = n_steps[0]
     params = {k: torch.stack([st["params"][k] for st in starts]).detach().clone()
@@ -192,12 +211,14 @@ def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors
     opt = optim.init_state({k: params[k] for k in trained}, setup)
     offsets = [int(data.train_offsets[w.job.client]) for w in works]
     rows, sizes = _row_index(works, offsets, steps)
-    losses = torch.zeros(len(works), dtype=torch.float64)
-    stats_from = torch.tensor([w.stats_from for w in works])
+    mask = (torch.arange(rows.shape[2]) < sizes[..., None]).to(dev)  # real rows (not padding)
+    losses = torch.zeros(len(works), dtype=devices.wide(dev), device=dev)
+    stats_from = torch.tensor([w.stats_from for w in works], device=dev)
     totals, stats_spec = None, None
 
     def client_loss(p, b, x, y, w, c):
-        return alg.loss_and_stats(model, p, b, x, y, w, c)
+        with devices.autocast(dev, setup.precision):  # the forward pass only, as sequentially
+            return alg.loss_and_stats(model, p, b, x, y, w, c)
 
     # in_dims must mirror each argument's structure (vmap needs a prefix tree of the inputs).
     in_dims = ({k: 0 for k in params}, bdims, 0, 0, 0, cdims)
@@ -207,22 +228,23 @@ def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors
         n = sum(1 for m in n_steps if m > t)  # clients with a step t: a prefix
         b = int(sizes[:n, t].max())
         r = rows[:n, t, :b]
-        x, y = data.inputs(data.x_train[r]), data.y_train[r]
+        x = data.inputs(devices.upload(data.x_train[r], dev))
+        y = devices.upload(data.y_train[r], dev)
         if alg.pipeline.transform is not None:
             x, y = x.clone(), y.clone()
             for i in range(n):
                 m = int(sizes[i, t])
                 x[i, :m], y[i, :m] = transformed(alg, works[i], x[i, :m], y[i, :m])
-        w = (torch.arange(b) < sizes[:n, t, None]).to(x.dtype)
+        w = mask[:n, t, :b].to(x.dtype)
         p_n = {k: v[:n] for k, v in params.items()}
         grads, (value, stats) = step_fn(p_n, _slice_tree(buffers, bdims, n), x, y, w,
                                         _slice_tree(ctx, cdims, n))
         leaves, stats_spec = tree_flatten(stats)
         if leaves:
-            totals = _add_stats(totals, leaves, n, (stats_from[:n] <= t).to(torch.float64),
+            totals = _add_stats(totals, leaves, n, (stats_from[:n] <= t).to(losses.dtype),
                                 len(works))
         optim.step_({k: p_n[k] for k in trained}, grads, opt.head(n), setup)
-        losses[:n] += value.detach().to(torch.float64)
+        losses[:n] += value.detach().to(losses.dtype)
     out_p = [{k: v[i].clone() for k, v in params.items()} for i in range(len(works))]
     bl, bspec = tree_flatten(buffers)
     bd = tree_flatten(bdims)[0] if bl else []
@@ -230,7 +252,8 @@ def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors
                             bspec) for i in range(len(works))]
     out_s = [None if totals is None else tree_unflatten([v[i] for v in totals], stats_spec)
              for i in range(len(works))]
-    return (out_p, out_b, [float(losses[i]) / max(n_steps[i], 1) for i in range(len(works))],
+    per_client = losses.tolist()
+    return (out_p, out_b, [per_client[i] / max(n_steps[i], 1) for i in range(len(works))],
             out_s)
 
 
@@ -248,10 +271,11 @@ class VectorizedTrainer:
     def train(self, rc: RoundContext) -> list[ClientResult]:
         if not rc.jobs:
             return []
-        reason = vectorize_reason(rc.alg.model)
+        reason = vectorize_reason(rc.alg.model) or precision_reason(rc.setup.precision)
         if reason is not None:
             _log_once(f"training sequentially: {reason}")
             return SequentialTrainer().train(rc)
+        rc = placed(rc)
         rc.alg.model.eval()
         works = [prepare_client(rc, j) for j in rc.jobs]
         starts = [rc.alg.local_start(rc.broadcast, rc.client_state(j.client)) for j in rc.jobs]
@@ -262,8 +286,9 @@ class VectorizedTrainer:
             return SequentialTrainer().train(rc)
         order = sorted(range(len(rc.jobs)), key=lambda i: -len(works[i].batches))
         bmax = max(len(b) for w in works for b in w.batches)
-        size = chunk_size(rc.alg.model, starts[0], rc.data.inputs(rc.data.x_train[:1]), bmax,
-                          memory_budget() if self.budget is None else self.budget)
+        dev = rc.setup.device
+        size = chunk_size(rc.alg.model, starts[0], rc.data.inputs(rc.data.x_train[:1].to(dev)),
+                          bmax, memory_budget(dev) if self.budget is None else self.budget)
         trained = trained_params(rc.alg, works[0], starts[0])
         results: list[ClientResult | None] = [None] * len(rc.jobs)
         for c in range(0, len(order), size):
@@ -274,14 +299,3 @@ class VectorizedTrainer:
                 results[i] = finish_client(rc, works[i], out_p[j], out_b[j], losses[j],
                                            stats[j])
         return results  # type: ignore[return-value]
-
-
-def choose_trainer(name: str, model: ProtoNet) -> SequentialTrainer | VectorizedTrainer:
-    """The trainer a config's ``trainer`` asks for: ``vectorized`` and ``auto`` train
-    sequentially, saying why, when the model cannot be vectorized."""
-    reason = None if name == "sequential" else vectorize_reason(model)
-    if reason is not None:
-        log.info("training sequentially: %s", reason)
-    if name == "sequential" or reason is not None:
-        return SequentialTrainer()
-    return VectorizedTrainer()

@@ -1,19 +1,27 @@
 """Per-round figures of the aggregate model: test accuracy and loss, local accuracy, training
 loss, gradient dissimilarity and the aggregate mean margin (AMM).
 
-Rows are taken as stored (uint8 pixels, say) and turned into model inputs a batch at a time
-(``FederatedData.inputs``). Every sample size is "how many at most", and 0 switches its figure
-off: the function then returns None (or nothing for the client figures).
+Rows are taken as stored (uint8 pixels, say), moved to the model's device and turned into
+model inputs a batch at a time (``FederatedData.inputs``). Every sample size is "how many at
+most", and 0 switches its figure off: the function then returns None (or nothing for the client
+figures).
+
+The gradient dissimilarity is, by default, an *estimate*: over a seeded sample of probe clients
+(``metrics.dissimilarity_clients``) and each one's first rows (``metrics.dissimilarity_rows``),
+not the mean over every client and all its rows that the seed plots; ``exact`` (every client,
+every row) is available and streams, so its memory does not grow with the number of clients.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
+from torch.utils._pytree import tree_map
 
 from protofl.algorithms import prototype_math
 from protofl.algorithms.base import Algorithm, Tensors
@@ -29,17 +37,40 @@ DISSIMILARITY_ROWS = 100  # training rows per probe client (its first ones)
 TRAIN_LOSS_SAMPLES = 2000  # seeded sample of the training rows for train_loss
 EVAL_BATCH = 256  # rows per forward pass (larger batches are slower for CNNs on CPU)
 PROBE_CHUNK_ROWS = 256  # padded rows differentiated together in the dissimilarity probe
+PROBE_GROUP_BYTES = 256 << 20  # at most this many bytes of per-client gradients at once
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of a model's weights (the CPU for a model without parameters)."""
+    first = next(iter(model.parameters()), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def on(tree: Any, device: torch.device) -> Any:
+    """Every tensor of a nested structure on ``device`` (no copy where it is already)."""
+    return tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, tree)
+
+
+def put(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host rows on ``device`` (through pinned memory to a CUDA device)."""
+    if device.type == "cuda" and x.device.type == "cpu":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
 
 
 @torch.no_grad()
 def scores(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors, state: Tensors,
            x: torch.Tensor, batch: int, inputs: Inputs | None = None) -> torch.Tensor:
-    """Class scores of rows ``x``, ``batch`` rows a pass; ``inputs`` turns each batch of stored
-    rows into model inputs (default: the rows are inputs already)."""
+    """Class scores of rows ``x``, ``batch`` rows a pass, computed on the model's device (at
+    least float32); ``inputs`` turns each batch of stored rows into model inputs (default: the
+    rows are inputs already)."""
     model.eval()
+    dev = model_device(model)
+    params, buffers, state = on(params, dev), on(buffers, dev), on(state, dev)
     prep = inputs or (lambda v: v)
-    return torch.cat([alg.predict(model, params, buffers, state, prep(x[i:i + batch]))
-                      for i in range(0, max(len(x), 1), batch)])
+    out = torch.cat([alg.predict(model, params, buffers, state, prep(put(x[i:i + batch], dev)))
+                     for i in range(0, max(len(x), 1), batch)])
+    return out if out.dtype in (torch.float32, torch.float64) else out.float()
 
 
 def evaluate(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors,
@@ -49,8 +80,8 @@ def evaluate(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors,
     if len(y) == 0:
         return {}
     s = scores(alg, model, params, buffers, state, x, batch, inputs)
-    out = report(y.numpy(), s.argmax(1).numpy(), num_classes)
-    out["loss"] = float(F.cross_entropy(s, y))
+    out = report(y.numpy(), s.argmax(1).cpu().numpy(), num_classes)
+    out["loss"] = float(F.cross_entropy(s, y.to(s.device)))
     return out
 
 
@@ -80,13 +111,14 @@ def client_predictions(alg: Algorithm, model: ProtoNet, state: Tensors, data: Fe
             x = data.x_local_test[torch.from_numpy(np.concatenate(
                 [np.arange(off[k], off[k + 1]) for k in shared]))]
         w = weights[shared[0]]
-        p = scores(alg, model, w["params"], w["buffers"], state, x, batch, data.inputs).argmax(1)
+        p = scores(alg, model, w["params"], w["buffers"], state, x, batch, data.inputs
+                   ).argmax(1).cpu()
         sizes = [int(off[k + 1] - off[k]) for k in shared]
         preds.update(zip(shared, torch.split(p, sizes)))
     for k in ks if alg.personalized else []:
         w = weights[k]
         preds[k] = scores(alg, model, w["params"], w["buffers"], state, data.client_test(k)[0],
-                          batch, data.inputs).argmax(1)
+                          batch, data.inputs).argmax(1).cpu()
     return {k: (data.client_test(k)[1], preds[k]) for k in sorted(preds)}
 
 
@@ -120,40 +152,77 @@ def train_loss(alg: Algorithm, model: ProtoNet, state: Tensors, data: FederatedD
     weights = alg.global_weights(state)
     s = scores(alg, model, weights["params"], weights["buffers"], state, data.x_train[idx], batch,
                data.inputs)
-    return float(F.cross_entropy(s, data.y_train[idx]))
+    return float(F.cross_entropy(s, data.y_train[idx].to(s.device)))
+
+
+Rows = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]  # (client, a, b) -> x, y
+
+
+def client_gradient_stream(model: ProtoNet, params: Tensors, buffers: Tensors, sizes: list[int],
+                           rows: Rows, chunk_rows: int = PROBE_CHUNK_ROWS
+                           ) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(i, g_i)`` for every client ``i`` (in order of ``sizes``, its rows to use): ``g_i``
+    the gradient of its mean cross-entropy on ``rows(i, 0, sizes[i])``, at ``(params,
+    buffers)``, flattened in ``params`` order, float64, on the weights' device (on the CPU
+    from a device without float64).
+
+    Each client's rows are cut into pieces of at most ``chunk_rows``; consecutive pieces are
+    differentiated together, one ``vmap`` of ``grad`` of the summed loss over a group padded
+    to its longest piece with weight-0 rows, within ``chunk_rows`` padded rows and
+    ``PROBE_GROUP_BYTES`` of gradients. A client's pieces are summed and divided by its row
+    count, and the client is yielded as soon as its last piece is done, so at most a group's
+    gradients and one partial sum are held, whatever the number of clients."""
+
+    def summed(p, x, y, w):
+        _, logits = functional_call(model, {**p, **buffers}, (x,))
+        return (F.cross_entropy(logits, y, reduction="none") * w).sum()
+
+    per_piece = vmap(grad(summed), in_dims=(None, 0, 0, 0))
+    pbytes = 4 * sum(v.numel() for v in params.values())
+    most = max(1, PROBE_GROUP_BYTES // max(pbytes, 1))
+    pieces = [(i, a, min(a + chunk_rows, n)) for i, n in enumerate(sizes)
+              for a in range(0, n, max(chunk_rows, 1))]
+    partial: torch.Tensor | None = None
+    start = 0
+    while start < len(pieces):
+        width, end = pieces[start][2] - pieces[start][1], start + 1
+        while end < len(pieces) and end - start < most:
+            w = max(width, pieces[end][2] - pieces[end][1])
+            if (end - start + 1) * w > chunk_rows:
+                break
+            width, end = w, end + 1
+        group = pieces[start:end]
+        got = [rows(i, a, b) for i, a, b in group]
+        x = torch.stack([_pad(v, width) for v, _ in got])
+        y = torch.stack([_pad(v, width) for _, v in got])
+        w = (torch.arange(width, device=x.device) < torch.tensor(
+            [b - a for _, a, b in group], device=x.device)[:, None]).to(x.dtype)
+        g = per_piece(params, x, y, w)
+        flat = _float64(torch.cat([v.reshape(len(group), -1) for v in g.values()], 1))
+        for j, (i, _, b) in enumerate(group):
+            partial = flat[j] if partial is None else partial + flat[j]
+            if b == sizes[i]:  # the client's last piece
+                yield i, partial / sizes[i]
+                partial = None
+        start = end
 
 
 def client_gradients(model: ProtoNet, params: Tensors, buffers: Tensors,
                      xs: list[torch.Tensor], ys: list[torch.Tensor],
                      chunk_rows: int = PROBE_CHUNK_ROWS) -> torch.Tensor:
     """``(K, P)`` float64: row k is the gradient of client k's mean cross-entropy on
-    ``(xs[k], ys[k])`` at ``(params, buffers)``, flattened in ``params`` order.
+    ``(xs[k], ys[k])`` (model inputs) at ``(params, buffers)``, flattened in ``params`` order
+    (``client_gradient_stream`` over lists)."""
+    dev = model_device(model)
+    out = dict(client_gradient_stream(
+        model, params, buffers, [len(y) for y in ys],
+        lambda i, a, b: (xs[i][a:b].to(dev), ys[i][a:b].to(dev)), chunk_rows))
+    return torch.stack([out[k] for k in range(len(xs))])
 
-    Clients are taken largest first and grouped while the group, padded to its largest
-    client's length with weight-0 rows, stays within ``chunk_rows``; each group is one
-    ``vmap`` over clients of ``grad`` (the loss is a weighted mean, so padding adds nothing).
-    """
 
-    def loss(p, x, y, w):
-        _, logits = functional_call(model, {**p, **buffers}, (x,))
-        return (F.cross_entropy(logits, y, reduction="none") * w).sum() / w.sum()
-
-    per_client = vmap(grad(loss), in_dims=(None, 0, 0, 0))
-    order = sorted(range(len(xs)), key=lambda k: -len(ys[k]))
-    out: list[torch.Tensor | None] = [None] * len(xs)
-    i = 0
-    while i < len(order):
-        width = len(ys[order[i]])
-        group = order[i:i + max(1, chunk_rows // max(width, 1))]
-        x = torch.stack([_pad(xs[k], width) for k in group])
-        y = torch.stack([_pad(ys[k], width) for k in group])
-        w = torch.stack([(torch.arange(width) < len(ys[k])).to(x.dtype) for k in group])
-        g = per_client(params, x, y, w)
-        flat = torch.cat([v.reshape(len(group), -1) for v in g.values()], 1).double()
-        for j, k in enumerate(group):
-            out[k] = flat[j]
-        i += len(group)
-    return torch.stack(out)  # type: ignore[arg-type]
+def _float64(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float64: on its device, or on the CPU from a device without float64 (MPS)."""
+    return t.double() if t.device.type != "mps" else t.cpu().double()
 
 
 def _pad(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -165,26 +234,39 @@ def _pad(t: torch.Tensor, n: int) -> torch.Tensor:
 
 def gradient_dissimilarity(model: ProtoNet, params: Tensors, buffers: Tensors,
                            data: FederatedData, clients: np.ndarray,
-                           max_per_client: int = DISSIMILARITY_ROWS,
+                           max_per_client: int | None = DISSIMILARITY_ROWS,
                            chunk_rows: int = PROBE_CHUNK_ROWS) -> float | None:
     """``(1/|K|) sum_k ||grad L_k(W) - grad L(W)||^2`` with ``grad L = sum n_k grad L_k / sum
     n_k`` over the given clients (cross-entropy at the aggregate weights; ``L_k`` on the first
-    ``max_per_client`` training rows of client k, ``n_k`` its full size). None when there are
-    no clients or ``max_per_client`` is 0."""
+    ``max_per_client`` training rows of client k, all of them when None; ``n_k`` its full
+    size), computed on the weights' device. None when there are no clients or
+    ``max_per_client`` is 0.
+
+    Streamed: ``sum_k ||g_k||^2``, ``sum_k g_k`` and ``sum_k n_k g_k`` are accumulated in
+    float64 and the figure is ``S1/K - 2 m.g + ||g||^2`` (``m`` the plain mean, ``g`` the
+    weighted one), the same quantity without holding every client's gradient."""
     ks = [int(k) for k in np.asarray(clients).tolist()
           if data.train_offsets[k + 1] > data.train_offsets[k]]
-    if not ks or max_per_client <= 0:
+    if not ks or (max_per_client is not None and max_per_client <= 0):
         return None
     model.eval()
-    xs, ys = [], []
-    for k in ks:
-        x, y = data.client_train(k)
-        xs.append(data.inputs(x[:max_per_client]))
-        ys.append(y[:max_per_client])
-    gs = client_gradients(model, params, buffers, xs, ys, chunk_rows)
-    w = torch.tensor([float(data.train_sizes[k]) for k in ks], dtype=torch.float64)
-    mean = (w.unsqueeze(1) * gs).sum(0) / w.sum()
-    return float(((gs - mean) ** 2).sum(1).mean())
+    dev = model_device(model)
+    params, buffers = on(params, dev), on(buffers, dev)
+    full = [int(data.train_sizes[k]) for k in ks]
+    used = full if max_per_client is None else [min(n, max_per_client) for n in full]
+
+    def rows(i: int, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        off = int(data.train_offsets[ks[i]])
+        return (data.inputs(put(data.x_train[off + a:off + b], dev)),
+                data.y_train[off + a:off + b].to(dev))
+
+    squares, plain, weighted = 0.0, None, None
+    for i, g in client_gradient_stream(model, params, buffers, used, rows, chunk_rows):
+        squares += float(g @ g)
+        plain = g.clone() if plain is None else plain.add_(g)
+        weighted = g * full[i] if weighted is None else weighted.add_(g, alpha=full[i])
+    mean_plain, mean = plain / len(ks), weighted / sum(full)
+    return squares / len(ks) - 2 * float(mean_plain @ mean) + float(mean @ mean)
 
 
 def expensive_due(round_: int, every: int, last: int) -> bool:
@@ -199,10 +281,10 @@ def aggregate_mean_margin(protos: torch.Tensor, counts: torch.Tensor, server: to
     prototypes ``server`` of the classes in ``reported`` (default: all; a class no client has
     reported is a zero vector, not a prototype). ``protos (K, C, d)``, ``counts (K, C)``."""
     if reported is None:
-        reported = torch.ones(server.shape[0], dtype=torch.bool)
+        reported = torch.ones(server.shape[0], dtype=torch.bool, device=server.device)
     vals = []
     for p, n in zip(protos, counts):
         s = prototype_math.spm(p.double(), server.double(), n > 0, reported)
         vals.append(s[~torch.isnan(s)])
-    v = torch.cat(vals) if vals else torch.empty(0)
+    v = torch.cat(vals) if vals else torch.empty(0, device=server.device)
     return float(v.mean()) if len(v) else float("nan")

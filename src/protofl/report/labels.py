@@ -44,8 +44,10 @@ COLUMNS = {"accuracy": "accuracy", "balanced_accuracy": "balanced accuracy",
 LEGEND = ("accuracy, balanced accuracy, weighted F1: the final aggregate model on the global "
           "test set (personalised methods: each client's own model on its own test split, "
           "pooled); local accuracy: the mean over clients of the accuracy on their own test "
-          "split; training loss: cross-entropy of the aggregate model on the training data; "
-          "gradient dissimilarity: (1/|K|) Σ_k ‖∇L_k − ∇L‖² at the aggregate weights; AMM: "
+          "split; training loss: cross-entropy of the aggregate model on a seeded sample of "
+          "the training data; gradient dissimilarity: (1/|K|) Σ_k ‖∇L_k − ∇L‖² at the "
+          "aggregate weights, estimated on seeded probe clients and their first rows unless "
+          "metrics.dissimilarity_exact (every client, every row); AMM: "
           "aggregate mean margin of the clients' prototypes against the aggregate ones; "
           "wall-clock s: seconds the whole run spent in its rounds (local training, aggregation "
           "and the per-round evaluation), without loading data or building the model.")
