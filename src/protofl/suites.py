@@ -9,6 +9,7 @@ written at the end.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,27 @@ FEDPROIN_DIGITS = {
 }
 
 
+# the seed's federated segmentation benchmark on the embedded Shapes set (suite
+# "segmentation"): 20 clients, Dirichlet(alpha) over the object class with power-law sizes,
+# DeepLab-V3+ sized for 48 px (the dataset's width 0.5, 64 channels), the data's joint
+# crop and flip; local work sized so the suite fits 15 minutes on 2 cores (docs/results.md)
+SHAPES_SEG = {
+    "data": {"name": "shapes", "num_clients": 20, "partition": "dirichlet_powerlaw"},
+    "rounds": 25,
+    "eval_every": 5,
+    "trainer": "sequential",  # faster than vmap for this convnet on CPU
+    "clients": {"per_round": 3, "local_steps": 8, "batch_size": 16, "optimizer": "adam",
+                "lr": 0.003},
+    "metrics": {"dissimilarity_clients": 0, "train_loss_samples": 200},
+}
+SEG_ALPHAS = {"a0.01": 0.01, "a0.1": 0.1, "a1": 1.0}  # data.segmentation.ALPHA_SETTINGS
+
+
+def merge_data(base: dict[str, Any], **data: Any) -> dict[str, Any]:
+    """``base`` with keys of its ``data`` section replaced."""
+    return {**base, "data": {**base["data"], **data}}
+
+
 @dataclass
 class Suite:
     description: str
@@ -46,6 +68,42 @@ class Suite:
     runs: dict[str, dict[str, Any]]
     seeds: tuple[int, ...] = (0, 1, 2)
     extra: list[str] = field(default_factory=list)
+    # run label -> the dataset labels it runs on (default: every one)
+    runs_on: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # what the suite draws at the end besides the table: (out, every (raw, folder)) -> files
+    finish: Callable[[Path, list[tuple[dict, str]]], list[Path]] | None = None
+
+
+def segmentation_figures(out: Path, work: list[tuple[dict, str]]) -> list[Path]:
+    """The segmentation suite's figures: for each split the qualitative figure of the
+    lowest seed's fedavg, fedmargin and central runs (``OUT/qualitative_<split>.png``), the
+    partition statistics of the three splits (the seed's Fig. S1, ``OUT/partition.png``) and
+    each split's ``stats.json`` in its first fedavg run folder (the report shows it)."""
+    from protofl.config import config_from_dict
+    from protofl.data.registry import load_dataset
+    from protofl.report.segmentation import partition_figure, runs_figure
+    from protofl.report.stats import partition_stats
+
+    first: dict[tuple[str, str], tuple[int, str, dict]] = {}
+    for raw, folder in work:
+        parts = Path(folder).parts
+        key, seed = (parts[-3], parts[-2]), raw["seed"]
+        if key not in first or seed < first[key][0]:
+            first[key] = (seed, folder, raw)
+    central = [v for (ds, run), v in first.items() if run == "central"]
+    written, splits = [], {}
+    for ds in dict.fromkeys(ds for ds, _ in first):
+        folders = {run: f for (d, run), (_, f, _) in first.items() if d == ds}
+        if "central" not in folders and central:
+            folders["central"] = min(central)[1]
+        raw = first[(ds, "fedavg")][2]
+        data = load_dataset(config_from_dict(raw).data)
+        splits[f"α = {raw['data']['alpha']:g}"] = data
+        partition_stats(data, Path(first[(ds, "fedavg")][1]))
+        written.append(runs_figure(folders, out / f"qualitative_{ds}.png",
+                                   title=f"{data.name}, α = {raw['data']['alpha']:g}"))
+    written.append(partition_figure(splits, out / "partition.png"))
+    return written
 
 
 SUITES: dict[str, Suite] = {
@@ -99,6 +157,17 @@ SUITES: dict[str, Suite] = {
          **{name: {"algorithm": name} for name in ("fedavg", "fedprox", "moon", "fedproto",
                                                      "fedtgp", "fedplvm")}},
     ),
+    "segmentation": Suite(
+        "fedavg vs fedmargin and the centralized baseline on the embedded Shapes "
+        "segmentation set, Dirichlet alpha = 0.01, 0.1 and 1, 3 seeds: mIoU table, curves, "
+        "qualitative and partition figures",
+        {f"shapes-{name}": merge_data(SHAPES_SEG, alpha=a) for name, a in SEG_ALPHAS.items()},
+        {"fedavg": {"algorithm": "fedavg"}, "fedmargin": {"algorithm": "fedmargin"},
+         "central": {"algorithm": "central"}},
+        # the pooled data do not depend on alpha: the reference is trained once per seed
+        runs_on={"central": ("shapes-a1",)},
+        finish=segmentation_figures,
+    ),
 }
 
 
@@ -125,6 +194,8 @@ def plan(name: str, out: Path, seeds: tuple[int, ...] | None = None,
     jobs = []
     for ds, base in suite.datasets.items():
         for label, over in suite.runs.items():
+            if ds not in suite.runs_on.get(label, (ds,)):
+                continue
             for seed in seeds or suite.seeds:
                 raw = merge(merge(base, over), {"seed": seed, **(overrides or {})})
                 jobs.append((raw, str(out / ds / label / f"seed{seed}")))
@@ -159,6 +230,10 @@ def run_suite(name: str, out: Path, jobs: int | None = None, seeds: tuple[int, .
                 for _ in pool.imap_unordered(_one, [(r, f, False) for r, f in todo]):
                     bar.update(1)
     text = compare([Path(f) for _, f in work], out / "table.md", overwrite=True)
+    finish = SUITES[name].finish
+    figures = finish(out, work) if finish is not None else []
     write_html(sections([out]), out / "report.html", overwrite=True,
                title=f"protofl suite {name}")
+    if figures:
+        text += "\nfigures: " + ", ".join(str(f) for f in figures)
     return text

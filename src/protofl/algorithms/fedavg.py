@@ -9,11 +9,13 @@ import torch
 
 from protofl.algorithms.base import Algorithm, Tensors
 from protofl.config import option
+from protofl.tasks import TASKS
 
 
 class FedAvg(Algorithm):
     name = "fedavg"
     description = "FedAvg (McMahan et al.): W = sum n_k W_k / sum n_k; stragglers dropped"
+    tasks = TASKS
 
 
 def proximal_term(params: Tensors, anchor: Tensors) -> torch.Tensor:
@@ -35,6 +37,7 @@ class FedProx(Algorithm):
     description = "FedProx (Li et al.): local loss + mu/2 ||W - W^t||^2; partial work tolerated"
     Options = ProxOptions
     client_defaults = {"tolerate_partial": True}
+    tasks = TASKS
 
     def client_begin(self, model, broadcast, client_state, x, y) -> ProxContext:
         return {"anchor": broadcast["params"]}
@@ -53,6 +56,7 @@ class FedAtt(Algorithm):
     name = "fedatt"
     description = "FedAtt (Ji et al.): per-layer softmax attention over ||w - w_k||, step epsilon"
     Options = AttOptions
+    tasks = TASKS
 
     def aggregate(self, state, uploads, round):
         new, diag = super().aggregate(state, uploads, round)  # buffers (if any) by FedAvg

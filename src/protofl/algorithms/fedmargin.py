@@ -24,6 +24,7 @@ from protofl.algorithms.base import (
     sample_weights,
 )
 from protofl.config import option
+from protofl.tasks import TASKS
 
 
 @dataclass
@@ -90,6 +91,7 @@ class FedMargin(Algorithm):
                    "prototype-margin attention, weighted sampling, partial work tolerated")
     Options = MarginOptions
     client_defaults = {"tolerate_partial": True, "sampling": "weighted"}
+    tasks = TASKS  # segmentation: pixel prototypes (labels nearest-downsampled, void dropped)
 
     def init_state(self, model) -> MarginState:
         return {**super().init_state(model), "protos": torch.zeros(self.num_classes,

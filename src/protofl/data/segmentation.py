@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from protofl.data.federated import FederatedData, from_partition
+from protofl.data.images import IMAGENET_MEAN, IMAGENET_STD, PIXEL_MAX
 from protofl.data.partition import capped, config_partition
 from protofl.data.voc import MACRO_CLASSES, MACRO_OF, VOC_CLASSES, VOC_CLIENTS, VOC_SIZE
 from protofl.errors import ProtoflError
@@ -201,7 +202,8 @@ def voc_segmentation(cfg, macro: bool = False) -> FederatedData:
         torch.from_numpy(y), parts, torch.from_numpy(x_test), torch.from_numpy(y_test),
         cfg.local_test_fraction, cfg.seed, list(names),
         labels=torch.from_numpy(lab.astype(np.int64)),
-        labels_test=torch.from_numpy(lab_test.astype(np.int64)))
+        labels_test=torch.from_numpy(lab_test.astype(np.int64)),
+        scale=PIXEL_MAX, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
 def voc_seg_federation(cfg) -> FederatedData:

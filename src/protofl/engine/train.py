@@ -18,6 +18,7 @@ import torch
 from protofl.algorithms.base import Algorithm, Tensors
 from protofl.algorithms.optimizers import make_optimizer
 from protofl.data.federated import FederatedData
+from protofl.data.pipeline import Transform, compose
 from protofl.engine.schedule import AUGMENT, ORDER, Job, local_batches, torch_gen
 
 
@@ -32,6 +33,7 @@ class LocalSetup:
     momentum: float = 0.0
     weight_decay: float = 0.0
     seed: int = 0
+    augment: Transform | None = None  # the data's batch transform, before the algorithm's
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class ClientWork:
     batches: list[torch.Tensor]
     augment_gen: torch.Generator
     class_counts: torch.Tensor  # (C,) its samples per class, for a pipeline transform
+    transform: Transform | None = None  # the data's augmentation, then the algorithm's
 
 
 def prepare_client(rc: RoundContext, job: Job) -> ClientWork:
@@ -88,18 +91,20 @@ def prepare_client(rc: RoundContext, job: Job) -> ClientWork:
     order = torch_gen(setup.seed, ORDER, rc.round, job.client)
     batches = local_batches(alg.pipeline.order, y, job.units, setup.batch_size, setup.by_steps,
                             order)
+    transform = compose(setup.augment, alg.pipeline.transform)
     counts = (torch.bincount(y.flatten(), minlength=rc.data.num_classes)[:rc.data.num_classes]
-              if alg.pipeline.transform is not None else torch.empty(0))
+              if transform is not None else torch.empty(0))
     return ClientWork(job, x, y, ctx, batches, torch_gen(setup.seed, AUGMENT, rc.round, job.client),
-                      counts)
+                      counts, transform)
 
 
 def transformed(alg: Algorithm, work: ClientWork, x: torch.Tensor, y: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch through the algorithm's pipeline transform (augmentation), if it has one."""
-    if alg.pipeline.transform is None:
+    """A batch through the client's transforms (the data's augmentation, then the
+    algorithm's pipeline transform), if it has any."""
+    if work.transform is None:
         return x, y
-    return alg.pipeline.transform(x, y, work.augment_gen, work.class_counts)
+    return work.transform(x, y, work.augment_gen, work.class_counts)
 
 
 def finish_client(rc: RoundContext, work: ClientWork, params: Tensors, buffers: Tensors,

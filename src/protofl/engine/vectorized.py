@@ -189,7 +189,7 @@ def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors
         b = int(sizes[:n, t].max())
         r = rows[:n, t, :b]
         x, y = data.inputs(data.x_train[r]), data.y_train[r]
-        if alg.pipeline.transform is not None:
+        if works[0].transform is not None:  # the same transforms for every client
             x, y = x.clone(), y.clone()
             for i in range(n):
                 m = int(sizes[i, t])
