@@ -106,9 +106,9 @@ class FederatedData:
 
     def inputs(self, x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Model inputs from stored rows (gathered from any split): integer rows as ``dtype``
-        divided by ``scale`` and, with ``mean``/``std``, standardised per channel (the first
-        dimension of a row) (bit-identical to converting the source to float up front); floating rows are
-        returned as they are."""
+        divided by ``scale`` and, with ``mean``/``std``, standardised per channel (a row's
+        first dimension), bit-identical to converting the source up front; floating rows
+        are returned as they are."""
         if self.scale is None or x.is_floating_point():
             return x
         out = x.to(dtype).div_(self.scale)

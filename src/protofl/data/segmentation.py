@@ -11,7 +11,8 @@ The seed's subset is kept: images whose mask holds exactly one object class besi
 background (void ignored). Labels are the 21 VOC classes (0 = background) or the seed's 5
 macro classes (background, person, vehicles, household, animals). Images are resized
 bilinearly and masks by nearest neighbour to ``data.image_size`` (default 128) and stored as
-uint8 ``(N, 3, S, S)`` and ``(N, S, S)`` (255 kept). Training images are partitioned with
+uint8 ``(N, 3, S, S)`` and ``(N, S, S)`` (255 kept); ``FederatedData.inputs`` standardises
+the images a batch at a time with the ImageNet channel statistics. Training images are partitioned with
 ``dirichlet_powerlaw`` over their object class (Dirichlet ``data.alpha``, power-law sizes
 ``data.gamma`` = 3); the val list is the global test set.
 """
