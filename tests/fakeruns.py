@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 
-from protofl.config import config_from_dict, merge
+from protofl.algorithms.registry import algorithm_class
+from protofl.config import config_from_dict, merge, resolve_defaults
 
 
 def make_run(folder: Path, algorithm: str = "fedavg", seed: int = 0, rounds: int = 5,
              raw: dict | None = None, mmd: bool = False, weights: bool = False,
-             accuracy: float = 0.5) -> Path:
+             accuracy: float = 0.5, paper_defaults: bool = False) -> Path:
     """A finished run folder with plausible, seed-dependent per-round figures."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     base = {"algorithm": algorithm, "seed": seed, "rounds": rounds,
             "data": {"name": "synthetic", "num_clients": 6}, "clients": {"per_round": 3}}
-    cfg = config_from_dict(merge(base, raw or {})).to_dict()
+    cfg = config_from_dict(merge(base, raw or {}))
+    # null local-training keys resolved to protofl's fallbacks (as if every run had set the
+    # same ones), or with ``paper_defaults`` to the algorithm's, as a real run resolves them
+    defaults = algorithm_class(algorithm).client_defaults if paper_defaults else {}
+    cfg = dataclasses.replace(cfg, clients=resolve_defaults(cfg.clients, defaults)).to_dict()
     (folder / "config.json").write_text(json.dumps(cfg))
     rng = np.random.default_rng(seed + 17 * len(algorithm))
     rows = []

@@ -184,6 +184,8 @@ def test_config_json_is_the_resolved_config(tmp_path):
     assert a["model"]["name"] == "digits_cnn" and a["data"]["num_clients"] == 10
     assert a["data"]["partition"] == "dirichlet"
     assert a["clients"]["sampling"] == "weighted" and a["clients"]["tolerate_partial"] is True
-    assert a["algo"]["reduce"] == "sum" and len(a["algo"]) == 7
+    assert a["algo"]["reduce"] == "sum" and len(a["algo"]) == 9
+    assert (a["clients"]["optimizer"], a["clients"]["lr"], a["clients"]["batch_size"],
+            a["clients"]["local_epochs"]) == ("sgd", 0.01, 10, 1)  # the fallbacks
     again = config_from_dict(a)  # a resolved config is a valid config that resolves to itself
     assert dataclasses.asdict(again) == a

@@ -20,7 +20,7 @@ def test_run_writes_a_run_folder(tmp_path):
     out = tmp_path / "run"
     assert main(["run", "-q", "--out", str(out), *TINY]) == 0
     for name in ("config.json", "metrics.jsonl", "summary.json", "checkpoint.safetensors",
-                 "curves.png", "confusion.png"):
+                 "curves.png", "confusion.png", "stats.json", "stats.png"):
         assert (out / name).exists(), name
     rows = read_metrics(out)
     assert [r["round"] for r in rows] == [1, 2, 3]
@@ -28,6 +28,8 @@ def test_run_writes_a_run_folder(tmp_path):
                 "train_loss", "dissimilarity"):
         assert key in rows[-1]
     assert json.loads((out / "config.json").read_text())["algorithm"] == "fedmargin"
+    assert json.loads((out / "stats.json").read_text())["clients"] == 6
+    assert not (out / "weights").exists()  # fedmargin keeps no per-round weights by default
 
 
 def test_same_seed_same_numbers(tmp_path):
@@ -108,6 +110,12 @@ def test_listings(capsys):
     assert main(["algorithms"]) == 0
     out = capsys.readouterr().out
     assert "fedmargin" in out and "pgfl" in out and "Tan et al." in out
+    assert "source:" not in out
+    assert main(["algorithms", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if 'optimizer="adam"' in x)
+    assert 'lr=0.0001' in line and "batch_size=128" in line and "local_epochs=5" in line
+    assert "source: Kumar" in out and "influence=\"last_epoch\"" in out
     assert main(["datasets"]) == 0
     assert "synthetic" in capsys.readouterr().out
     assert main(["suites"]) == 0

@@ -69,6 +69,28 @@ def test_a_setting_that_varies_across_the_table_is_named(tmp_path):
     assert "3/4 (differs between rows) per round" in t.caption
 
 
+def test_paper_defaults_that_cannot_matter_never_label_a_row(tmp_path):
+    """Local epochs under local_steps and momentum under Adam are inert: the paper defaults
+    that fill them (fedprox: E = 20, moon: momentum 0.9, E = 10) do not label a row; counted
+    in epochs, fedprox's E = 20 does."""
+    steps = {"clients": {"local_steps": 10, "optimizer": "adam", "lr": 0.001,
+                         "batch_size": 32, "weight_decay": 0.0}}
+    for name in ("fedavg", "fedprox", "moon"):
+        make_run(tmp_path / name, name, raw=steps, paper_defaults=True)
+    make_run(tmp_path / "fedproin", "fedproin", raw={"clients": {"local_steps": 10,
+                                                                 "batch_size": 32}},
+             paper_defaults=True)
+    (t,) = make_tables(load_runs([tmp_path / n for n in ("fedavg", "fedprox", "moon",
+                                                          "fedproin")]))
+    assert [row.label for row in t.rows] == ["fedavg, lr=0.001", "fedprox, lr=0.001",
+                                             "moon, lr=0.001", "fedproin, lr=0.0001"]
+    for name in ("fedavg", "fedprox"):
+        make_run(tmp_path / "epochs" / name, name, paper_defaults=True)
+    (t,) = make_tables(load_runs([tmp_path / "epochs" / n for n in ("fedavg", "fedprox")]))
+    assert [row.label for row in t.rows] == ["fedavg, local epochs=1",
+                                             "fedprox, local epochs=20"]
+
+
 def test_markdown_names_the_seconds_column_and_explains_columns(tmp_path):
     make_run(tmp_path / "a")
     text = compare([tmp_path / "a"])

@@ -87,3 +87,23 @@ def test_a_declared_range_binds_every_model():
     """model.norm is checked up front, whatever the model (it passed silently with an MLP)."""
     with pytest.raises(ProtoflError, match="model.norm"):
         config_from_dict({"model": {"name": "mlp", "norm": "layer"}})
+
+
+@pytest.mark.parametrize("algorithm,expected", [
+    ("fedproin", {"optimizer": "adam", "lr": 1e-4, "batch_size": 128, "local_epochs": 5}),
+    ("moon", {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-5,
+              "batch_size": 64, "local_epochs": 10}),
+    ("fedavg", {"optimizer": "sgd", "lr": 0.01, "momentum": 0.0, "weight_decay": 0.0,
+                "batch_size": 10, "local_epochs": 1})])
+def test_local_training_takes_the_papers_settings_unless_set(algorithm, expected):
+    from protofl.engine.experiment import Experiment
+
+    raw = {"algorithm": algorithm, "data": {"name": "digits", "num_clients": 4},
+           "clients": {"per_round": 2}}
+    got = Experiment(config_from_dict(raw)).cfg.clients
+    assert {k: getattr(got, k) for k in expected} == expected
+    raw["clients"].update({"optimizer": "sgd", "lr": 0.5, "batch_size": 7})  # the config wins
+    exp = Experiment(config_from_dict(raw))
+    assert (exp.cfg.clients.optimizer, exp.cfg.clients.lr, exp.cfg.clients.batch_size) == (
+        "sgd", 0.5, 7)
+    assert (exp.setup.optimizer, exp.setup.lr, exp.setup.batch_size) == ("sgd", 0.5, 7)

@@ -46,6 +46,7 @@ def test_aggregate_matches_independent_computation():
     alg = make_algorithm("fedmargin", {}, model, 3)
     state = alg.init_state(model)
     state["protos"] = torch.rand(3, 5)
+    state["reported"] = torch.ones(3)  # every class of P^{t-1} reported by some client
     ups = []
     for k in range(3):
         params = {n: torch.randn_like(v) for n, v in state["params"].items()}
@@ -118,3 +119,55 @@ def test_bad_option_is_one_clear_error():
     with pytest.raises(ProtoflError, match="unknown key"):
         make_algorithm("fedmargin", {"typo": 1}, Mlp(4, 2), 2)
     assert type(make_algorithm("pgfl", {}, Mlp(4, 2), 2)).__name__ == "FedMargin"
+
+
+def test_apm_compares_with_reported_classes_only_by_hand():
+    """P^{t-1}: class 0 = (0, 1, 2), class 1 = (2, 1, 0) (both reported), class 2 never
+    reported (still 0). A client holding class 0 with p = (0, 2, 4): after min-max,
+    p^ = q^0 = (0, .5, 1), q^1 = (1, .5, 0), q^2 = 0, so d+ = 0 and d- = ||p^ - q^1|| = sqrt 2
+    over the reported classes, but ||p^ - 0|| = sqrt 1.25 when the zero vector counts."""
+    model = Mlp(4, 3, hidden=(3,))
+    p = torch.tensor([[0.0, 2.0, 4.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    counts = torch.tensor([5.0, 0.0, 0.0])
+    for ref, expected in (("reported", math.sqrt(2.0)), ("all", math.sqrt(1.25))):
+        alg = make_algorithm("fedmargin", {"apm_reference": ref}, model, 3)
+        state = alg.init_state(alg.model)
+        state["protos"] = torch.tensor([[0.0, 1.0, 2.0], [2.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+        state["reported"] = torch.tensor([1.0, 1.0, 0.0])
+        new, diag = alg.aggregate(state, [_upload(state["params"], p, p, counts, 5)], 2)
+        assert math.isclose(diag["apm"][0], expected, rel_tol=1e-6), ref
+        assert diag["lpm"] == [0.0]  # one present class: no d-, no margin
+        assert new["reported"].tolist() == [1.0, 1.0, 0.0]
+
+
+def test_reported_classes_accumulate_in_the_state():
+    model = Mlp(4, 3, hidden=(3,))
+    alg = make_algorithm("fedmargin", {}, model, 3)
+    state = alg.init_state(alg.model)
+    assert state["reported"].tolist() == [0.0, 0.0, 0.0]
+    protos = torch.rand(3, 3)
+    state, diag = alg.aggregate(state, [_upload(state["params"], protos, protos,
+                                                torch.tensor([2.0, 0.0, 0.0]), 2)], 1)
+    assert diag["apm"] == [0.0]  # nothing reported before round 1: no APM term
+    assert state["reported"].tolist() == [1.0, 0.0, 0.0]
+    state, _ = alg.aggregate(state, [_upload(state["params"], protos, protos,
+                                             torch.tensor([0.0, 0.0, 4.0]), 4)], 2)
+    assert state["reported"].tolist() == [1.0, 0.0, 1.0]
+    old = {k: v for k, v in state.items() if k != "reported"}  # a 0.1.0 checkpoint
+    old["protos"] = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [3.0, 1.0, 0.0]])
+    assert alg.reference_classes(old).tolist() == [True, False, True]
+
+
+def test_client_scores_use_the_same_reference_classes():
+    """scores: client: the broadcast carries the reported-class mask, so a client's own APM is
+    the server's (by hand: sqrt 2 with class 2 unreported)."""
+    model = Mlp(4, 3, hidden=(3,))
+    alg = make_algorithm("fedmargin", {"scores": "client"}, model, 3)
+    state = alg.init_state(alg.model)
+    state["protos"] = torch.tensor([[0.0, 1.0, 2.0], [2.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    state["reported"] = torch.tensor([1.0, 1.0, 0.0])
+    b = alg.broadcast(state)
+    assert b["reference"].tolist() == [1.0, 1.0, 0.0]
+    p = torch.tensor([[0.0, 2.0, 4.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    _, apm = alg.scores_of(p, p, torch.tensor([5.0, 0.0, 0.0]), b["protos"], b["reference"] > 0)
+    assert math.isclose(float(apm), math.sqrt(2.0), rel_tol=1e-6)

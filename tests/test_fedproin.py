@@ -122,7 +122,7 @@ def test_prediction_is_nearest_prototype():
 
 # ---- influence and aggregation ----
 def test_influence_counts_tiny_set():
-    alg = make(per_class=2)
+    alg = make(per_class=2, influence="final")
     protos = torch.tensor([[[0.0, 0.0], [10.0, 0.0]], [[0.0, 10.0], [10.0, 10.0]]])
     params, buffers = with_protos(alg, protos)
     # nearest prototype over ALL classes, whatever the label: (0,0) x2, (1,1) x1, (0,1) x1
@@ -133,6 +133,67 @@ def test_influence_counts_tiny_set():
                                "buffers": buffers}, ctx, {}, x, y)
     assert up["influence"].tolist() == [[2.0, 1.0], [0.0, 1.0]]
     assert torch.equal(state["prev_prototypes"], protos)
+
+
+def test_batch_influence_weighted_by_w():
+    """loss_and_stats: nearest-prototype hits of the batch, padding rows (w = 0) count 0."""
+    alg = make(per_class=2)
+    protos = torch.tensor([[[0.0, 0.0], [10.0, 0.0]], [[0.0, 10.0], [10.0, 10.0]]])
+    params, buffers = with_protos(alg, protos)
+    x = torch.tensor([[1.0, 1.0], [0.0, 2.0], [9.0, 9.0], [9.0, 1.0], [9.0, 1.0]])
+    y = torch.tensor([0, 1, 0, 0, 0])
+    w = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0])  # the last row is padding
+    ctx = ctx_for(alg, params, buffers, x, y)
+    loss, stats = alg.loss_and_stats(alg.model, params, buffers, x, y, w, ctx)
+    assert torch.equal(loss, alg.loss(alg.model, params, buffers, x, y, w, ctx))
+    assert stats["influence"].tolist() == [[2.0, 1.0], [0.0, 1.0]]
+    assert make(influence="final").loss_and_stats(alg.model, params, buffers, x, y, w,
+                                                  ctx)[1] == {}
+
+
+def _one_client_round(alg, x, y, units, by_steps, batch=4):
+    from protofl.data.federated import from_client_lists
+    from protofl.engine.schedule import Job
+    from protofl.engine.train import LocalSetup, RoundContext, SequentialTrainer
+
+    data = from_client_lists("toy", 2, [x], [y], local_test_fraction=0.0)
+    state = alg.init_state(alg.model)
+    setup = LocalSetup(batch, by_steps, "sgd", 0.0, seed=3)  # lr 0: the weights stay put
+    rc = RoundContext(alg, alg.broadcast(state), [Job(0, units)], data, {}, setup, 1)
+    return SequentialTrainer().train(rc)[0].upload["influence"], rc
+
+
+@pytest.mark.parametrize("by_steps,units", [(False, 3), (True, 7)])
+def test_influence_counts_the_last_epoch_as_trained(by_steps, units):
+    """Class-balanced epochs draw the minority class as often as the majority: the last
+    epoch's counts follow the draws (about 6 and 6), not n_{k,c} (6 and 2), which is what
+    counting every sample once with the final weights gives."""
+    from protofl.engine.schedule import ORDER, local_schedule, torch_gen
+
+    x = torch.tensor([[1.0, 0.0]] * 6 + [[0.0, 1.0]] * 2)
+    y = torch.tensor([0] * 6 + [1] * 2)
+    alg = make(per_class=1, adaptive_augment=False, fdl=False, pcl=False)
+    alg.model.prototypes.data = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]])
+    got, rc = _one_client_round(alg, x, y, units, by_steps)
+    y = rc.data.client_train(0)[1]  # as stored
+    batches, last = local_schedule(balanced_order, y, units, 4, by_steps,
+                                   torch_gen(3, ORDER, 1, 0))
+    drawn = torch.cat(batches[len(batches) - last:])
+    assert len(drawn) == 12  # one balanced epoch: max_c n_c * C_local = 6 * 2
+    expected = torch.tensor([[float((y[drawn] == 0).sum())], [float((y[drawn] == 1).sum())]])
+    assert torch.equal(got, expected)
+    final, _ = _one_client_round(make(per_class=1, adaptive_augment=False, fdl=False,
+                                      pcl=False, influence="final"), x, y, units, by_steps)
+    assert final.tolist() == [[6.0], [2.0]] and not torch.equal(got, final)
+
+
+def test_influence_last_epoch_needs_the_trainer_counts():
+    alg = make(per_class=1)
+    params, buffers = split_state(alg.model)
+    x, y = torch.zeros(2, 2), torch.tensor([0, 1])
+    with pytest.raises(ProtoflError, match="last-epoch counts"):
+        alg.client_end(alg.model, params, buffers, {"params": params, "buffers": buffers},
+                       ctx_for(alg, params, buffers, x, y), {}, x, y)
 
 
 def test_nia_by_hand_keeps_unhit_prototype():
@@ -267,7 +328,7 @@ def test_wrap_model_is_idempotent_and_state_has_prototypes():
     assert alg.wrap_model(alg.model.backbone) is alg.model
     state = alg.init_state(alg.model)
     assert state["params"]["prototypes"].shape == (3, 3, 2)
-    assert alg.upload_spec()["influence"] == UploadEntry((3, 3), count=True)
+    assert alg.upload_spec()["influence"] == UploadEntry((3, 3), count=True, kind="counts")
 
 
 # ---- whole runs ----

@@ -101,3 +101,37 @@ def test_two_round_digits_run(tiny_digits):
     for key in ("accuracy", "local_accuracy", "amm", "client_loss"):
         assert np.isfinite(out[key]), key
     assert "params" not in exp.state and all("params" in s for s in exp.client_states.values())
+
+
+@pytest.mark.parametrize("name", ["fedproto", "fedtgp"])
+def test_personalised_evaluation_covers_every_client(name):
+    """After round 1 (2 of 6 clients trained) every client is scored: the untrained ones with
+    the weights they would start from (the common initial model) and the global prototypes."""
+    from protofl.config import config_from_dict
+    from protofl.engine.experiment import Experiment
+    from protofl.metrics.federated import client_predictions, scores
+
+    cfg = config_from_dict({"algorithm": name, "rounds": 1, "checkpoint_every": 0,
+                            "data": {"name": "digits", "num_clients": 6},
+                            "clients": {"per_round": 2, "local_steps": 2},
+                            "metrics": {"dissimilarity_clients": 0, "train_loss_samples": 0},
+                            "algo": {"server_epochs": 2} if name == "fedtgp" else {}})
+    exp = Experiment(cfg)
+    record = exp.step()
+    scored = [k for k in range(6) if len(exp.data.client_test(k)[1])]
+    assert len(exp.client_states) == 2 and len(scored) > 2
+    assert record["clients_evaluated"] == len(scored)
+    assert sorted(map(int, record["client_accuracy"])) == scored
+    preds = client_predictions(exp.alg, exp.alg.model, exp.state, exp.data, exp.client_states)
+    untrained = next(k for k in scored if k not in exp.client_states)
+    x, _ = exp.data.client_test(untrained)
+    init = exp.state["init"]
+    expected = scores(exp.alg, exp.alg.model, init["params"], init["buffers"], exp.state,
+                      exp.data.inputs(x), 64).argmax(1)
+    assert torch.equal(preds[untrained][1], expected)
+
+
+def test_clients_evaluated_for_a_global_model(tiny_digits):
+    exp, out = tiny_digits("fedavg")
+    assert out["clients_evaluated"] == sum(
+        1 for k in range(exp.data.num_clients) if len(exp.data.client_test(k)[1]))

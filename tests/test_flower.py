@@ -1,17 +1,21 @@
 """protofl on Flower: records, the simulation engine (results equal the in-process engine's),
-malformed replies, and the deployment engine (SuperLink + SuperNodes on 127.0.0.1).
+malformed replies, site mode, resuming a killed run, and the deployment engine (SuperLink +
+SuperNodes on 127.0.0.1).
 
 Ray and the SuperLink start slowly on a small machine, so each is started once per module:
-one simulation runs every protofl case on the same virtual SuperNodes, and one SuperLink with
-two SuperNodes serves both deployment tests (the node-killing test runs last; together about
-4 minutes on a loaded 2-core machine, because a SuperNode starts a fresh ClientApp process per
-message; PROTOFL_FLOWER_DEPLOYMENT=0 skips them).
+one simulation runs every protofl case on the same virtual SuperNodes (and resumes a run
+killed, before it, in a subprocess: one more Ray start), and one SuperLink with two
+SuperNodes serves every deployment test (the node-killing test runs last; a SuperNode starts a
+fresh ClientApp process per message, so they take minutes; PROTOFL_FLOWER_DEPLOYMENT=0 skips
+them).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -27,22 +32,39 @@ pytest.importorskip("flwr", reason="flwr is not installed (pip install 'protofl[
 from flwr.app import Context, Message, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
+from sitefiles import write_site  # noqa: E402
 
 from protofl.algorithms.registry import ALGORITHMS  # noqa: E402
+from protofl.api import run_experiment  # noqa: E402
 from protofl.config import Config, config_from_dict  # noqa: E402
+from protofl.data.federated import FederatedData  # noqa: E402
+from protofl.data.site import server_federation, site_data  # noqa: E402
 from protofl.engine import runfolder  # noqa: E402
 from protofl.engine.experiment import Experiment  # noqa: E402
 from protofl.errors import ProtoflError  # noqa: E402
 from protofl.flower import client_app as protofl_client  # noqa: E402
 from protofl.flower.records import tree_from_records, tree_to_records  # noqa: E402
-from protofl.flower.server_app import LOG_FILE, run_on_grid  # noqa: E402
+from protofl.flower.server_app import (  # noqa: E402
+    LOG_FILE,
+    restore,
+    resume_flag,
+    run_on_grid,
+    short,
+)
 from protofl.flower.setup import check_partitions, config_from_run  # noqa: E402
+from protofl.metrics.classification import report  # noqa: E402
+from protofl.metrics.federated import client_predictions, scores  # noqa: E402
 from protofl.nested import flatten  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # flwr's commands installed beside this interpreter
 CLIENTS = 3
 POISON_ONE, POISON_ALL = 7, 8  # seeds of the runs whose clients send NaN prototypes
+SITE_SEEDS = {"site_fedmargin": 20, "site_fedproto": 21, "site_refused": 22}
+SITE_CLASSES = ["a", "b", "c"]
+SITE_COUNTS = [{"a": 12, "b": 6}, {"b": 10, "c": 8}, {"a": 5, "c": 9, "b": 3}]
+SITES_ENV = "PROTOFL_TEST_SITES"  # the simulated nodes' site files: <root>/seed<S>/site<K>
+RESUME_SEED = 30
 
 
 def tiny(algorithm: str, seed: int = 0, rounds: int = 2, clients: int = CLIENTS) -> Config:
@@ -53,6 +75,27 @@ def tiny(algorithm: str, seed: int = 0, rounds: int = 2, clients: int = CLIENTS)
         "data": {"name": "synthetic", "num_clients": clients},
         "clients": {"per_round": clients, "batch_size": 50},
         "metrics": {"dissimilarity_clients": 0, "train_loss_samples": 50}})
+
+
+def site_config(algorithm: str, seed: int, **data) -> Config:
+    """A site federation of CLIENTS sites (8x8 grey image folders, classes a, b, c)."""
+    return config_from_dict({
+        "algorithm": algorithm, "seed": seed, "rounds": 2, "trainer": "sequential",
+        "checkpoint_every": 2,
+        "data": {"name": "site", "num_clients": CLIENTS, "classes": SITE_CLASSES,
+                 "input_shape": [1, 8, 8], **data},
+        "model": {"name": "mlp"}, "clients": {"per_round": CLIENTS, "batch_size": 8}})
+
+
+def write_sites(root: Path) -> None:
+    """The files of every site case: <root>/seed<S>/site<K>; seed 22's site 2 holds a class
+    outside the federation's."""
+    for seed in SITE_SEEDS.values():
+        for k, counts in enumerate(SITE_COUNTS):
+            if seed == SITE_SEEDS["site_refused"] and k == 2:
+                counts = {"a": 4, "zebra": 3}
+            write_site(root / f"seed{seed}" / f"site{k}", counts, SITE_CLASSES, seed=k)
+    write_site(root / "central", {"a": 4, "b": 4, "c": 4}, SITE_CLASSES, seed=50)
 
 
 def engine_state(cfg: Config) -> dict:
@@ -106,6 +149,22 @@ def test_flower_run_config_builds_protofl_config():
         config_from_run({"set": "clients.nope=1"})
 
 
+def test_flower_site_node_that_cannot_join_logs_one_line(tmp_path, caplog):
+    """A SuperNode whose files hold another class logs why (the error reply goes to the
+    server); one that fits builds its own Experiment with the agreed classes."""
+    write_site(tmp_path / "good", {"a": 5, "c": 5}, SITE_CLASSES)
+    write_site(tmp_path / "odd", {"a": 5, "zebra": 2}, SITE_CLASSES)
+    cfg_json = json.dumps(Experiment(site_config("fedavg", 0)).cfg.to_dict())
+    nc = {"partition-id": 1, "num-partitions": CLIENTS, "data-root": str(tmp_path / "good")}
+    exp = protofl_client.node_experiment(cfg_json, Context(1, 2, nc, RecordDict(), {}))
+    assert exp.data.train_sizes.tolist() == [0, 8, 0] and exp.data.class_names == SITE_CLASSES
+    nc = {**nc, "data-root": str(tmp_path / "odd")}
+    with caplog.at_level(logging.ERROR, logger="flwr"):
+        with pytest.raises(ProtoflError, match="zebra"):
+            protofl_client.node_experiment(cfg_json, Context(1, 2, nc, RecordDict(), {}))
+    assert "this node cannot join the run: site 1 (imagefolder at" in caplog.text
+
+
 def test_flower_partition_count_must_match_clients():
     exp = Experiment(tiny("fedavg", clients=2))
     check_partitions(2, exp.data)
@@ -129,13 +188,64 @@ def _poisoning_train(msg: Message, context: Context) -> Message:
     return reply
 
 
-def simulation_cases() -> dict[str, Config]:
-    """Every registered algorithm (fedavg, fedmargin, fedproin, the baselines), plus the
-    poisoned runs."""
+def _message_config(msg: Message) -> dict:
+    records = msg.content.config_records
+    rec = records["job"] if "job" in records else records["query"]
+    return json.loads(str(rec["config"])) if "config" in rec else {}
+
+
+def _as_site(handler):
+    """protofl's handler on a simulated node; in the site cases the node's data-root is its
+    own folder of site files (a deployment sets it with --node-config)."""
+
+    def run(msg: Message, context: Context) -> Message:
+        cfg = _message_config(msg)
+        if cfg.get("data", {}).get("name") == "site":
+            pid = context.node_config["partition-id"]
+            context.node_config["data-root"] = str(
+                Path(os.environ[SITES_ENV]) / f"seed{cfg['seed']}" / f"site{pid}")
+        return handler(msg, context)
+
+    return run
+
+
+def simulation_cases(root: Path) -> dict[str, Config]:
+    """Every registered algorithm (fedavg, fedmargin, fedproin, the baselines), the poisoned
+    runs, the site-mode runs, and the uninterrupted twin of the killed run."""
     cases = {name: tiny(name) for name in ALGORITHMS if name != "central"}
     cases["poison_one"] = tiny("fedmargin", seed=POISON_ONE)
     cases["poison_all"] = tiny("fedmargin", seed=POISON_ALL, rounds=1)
+    cases["site_fedmargin"] = site_config("fedmargin", SITE_SEEDS["site_fedmargin"],
+                                          root=str(root / "sites" / "central"))
+    cases["site_fedproto"] = site_config("fedproto", SITE_SEEDS["site_fedproto"])
+    cases["site_refused"] = site_config("fedavg", SITE_SEEDS["site_refused"])
+    cases["resume"] = config_from_dict({**tiny("fedmargin", seed=RESUME_SEED, rounds=3)
+                                        .to_dict(), "checkpoint_every": 1})
     return cases
+
+
+def kill_after_round_one(cfg: Config, out: Path) -> dict:
+    """Run ``cfg`` on Flower in a subprocess (own Ray, own session), SIGKILL it once round 1
+    is checkpointed; what the run folder then holds."""
+    (out.parent / "killed.json").write_text(json.dumps(cfg.to_dict()))
+    marker = out.parent / "killed.marker"
+    log = open(out.parent / "killed.log", "wb")
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("flower_kill_run.py")),
+                             str(out.parent / "killed.json"), str(out), str(marker)],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: marker.exists() or proc.poll() is not None, 600, "round 1", every=1)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+        log.close()
+    assert marker.exists(), (out.parent / "killed.log").read_text()[-3000:]
+    return {"rows": [r["round"] for r in rows_of(out)],
+            "checkpoint": runfolder.load_checkpoint(out)["round"],
+            "summary": (out / runfolder.SUMMARY).exists()}
 
 
 @pytest.fixture(scope="module")
@@ -145,27 +255,36 @@ def simulated(tmp_path_factory) -> dict:
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("flower_sim")
-    cases = simulation_cases()
-    done: dict = {}
+    write_sites(root / "sites")
+    cases = simulation_cases(root)
+    done: dict = {"killed": kill_after_round_one(cases["resume"], root / "resumed")}
     server = ServerApp()
 
     @server.main()
     def main(grid: Grid, context: Context) -> None:
         for name, cfg in cases.items():
-            done[name] = run_on_grid(cfg, grid, root / name, round_timeout=600, node_wait=300)
-        try:
-            run_on_grid(tiny("central"), grid, root / "central", node_wait=1)
-        except ProtoflError as e:
-            done["refused"] = str(e)
+            wait = 10 if name == "site_refused" else 300  # its site 2 never joins
+            done[name] = run_on_grid(cfg, grid, root / name, round_timeout=600, node_wait=wait)
+        done["resumed"] = run_on_grid(cases["resume"], grid, root / "resumed", resume=True)
+        for name, kw in (("central", {"cfg": tiny("central"), "out": root / "central"}),
+                         ("again", {"cfg": cases["resume"], "out": root / "resume"})):
+            try:
+                run_on_grid(kw["cfg"], grid, kw["out"], node_wait=1)
+            except ProtoflError as e:
+                done[f"refused_{name}"] = str(e)
 
     client = ClientApp()
-    client.train()(_poisoning_train)
-    client.query()(protofl_client.describe)
-    client.evaluate()(protofl_client.evaluate)
+    client.train()(_as_site(_poisoning_train))
+    client.query()(_as_site(protofl_client.describe))
+    client.evaluate()(_as_site(protofl_client.evaluate))
     start = time.monotonic()
-    run_simulation(server, client, num_supernodes=CLIENTS,
-                   backend_config={"client_resources": {"num_cpus": 1},
-                                   "init_args": {"num_cpus": 2}})
+    os.environ[SITES_ENV] = str(root / "sites")  # before Ray starts its workers
+    try:
+        run_simulation(server, client, num_supernodes=CLIENTS,
+                       backend_config={"client_resources": {"num_cpus": 1},
+                                       "init_args": {"num_cpus": 2}})
+    finally:
+        os.environ.pop(SITES_ENV, None)
     done["seconds"] = time.monotonic() - start
     done["root"], done["cases"] = root, cases
     return done
@@ -179,7 +298,7 @@ def test_flower_simulation_matches_engine(simulated, algorithm):
     if algorithm not in ALGORITHMS:
         pytest.skip(f"{algorithm} is not registered in algorithms/registry.py yet")
     if algorithm == "central":
-        assert "central" in simulated["refused"]  # it needs the pooled data
+        assert "central" in simulated["refused_central"]  # it needs the pooled data
         return
     assert algorithm in simulated, "the simulation did not run this case"
     exp = simulated[algorithm]
@@ -223,6 +342,116 @@ def test_flower_simulation_round_without_valid_reply_keeps_state(simulated):
     assert row["clients"] == [] and row["rejected"] == [0, 1, 2]
 
 
+def site_reference(exp: Experiment, root: Path) -> Experiment:
+    """The in-process engine over the same sites: every site's rows as its client, the
+    server's test set as the global one, trained sequentially with the Flower run's config."""
+    cfg = exp.cfg
+    seed_root = root / "sites" / f"seed{cfg.seed}"
+    parts = [site_data(cfg.data, "imagefolder", str(seed_root / f"site{k}"), k)
+             for k in range(CLIENTS)]
+    tr = [p.client_train(k) for k, p in enumerate(parts)]
+    te = [p.client_test(k) for k, p in enumerate(parts)]
+    server = server_federation(cfg.data)
+    data = FederatedData("site", 3, torch.cat([x for x, _ in tr]), torch.cat([y for _, y in tr]),
+                         np.cumsum([0] + [len(y) for _, y in tr]), torch.cat([x for x, _ in te]),
+                         torch.cat([y for _, y in te]), np.cumsum([0] + [len(y) for _, y in te]),
+                         server.x_test, server.y_test, SITE_CLASSES, scale=parts[0].scale)
+    ref = Experiment(cfg, data=data)
+    ref.run()
+    return ref
+
+
+@pytest.mark.parametrize("case", ["site_fedmargin", "site_fedproto"])
+def test_flower_site_mode_matches_the_engine_over_the_same_sites(simulated, case):
+    """Site mode: the nodes train on their own files, the server holds none and ends in the
+    state of the engine given every site's rows; evaluation is federated (the sites' pooled
+    counts, weighted by size), and central too where the server has a test set."""
+    exp = simulated[case]
+    assert exp.round == 2 and len(exp.data.y_train) == 0
+    assert exp.data.train_sizes.tolist() == [15, 14, 13]  # as the sites reported them
+    ref = site_reference(exp, simulated["root"])
+    a, b = flatten(exp.state), flatten(ref.state)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-5)
+    rows = rows_of(simulated["root"] / case)
+    assert [r["clients"] for r in rows] == [[0, 1, 2], [0, 1, 2]]
+    last = rows[-1]
+    assert "train_loss" not in last and "dissimilarity" not in last  # no training data here
+    preds = client_predictions(ref.alg, ref.alg.model, ref.state, ref.data, ref.client_states)
+    pooled = report(torch.cat([y for y, _ in preds.values()]).numpy(),
+                    torch.cat([p for _, p in preds.values()]).numpy(), 3)
+    assert last["federated_accuracy"] == pytest.approx(pooled["accuracy"], abs=1e-9)
+    assert last["local_accuracy"] == pytest.approx(ref.last["local_accuracy"], abs=1e-6)
+    if case == "site_fedmargin":  # central: the server's own 12 test images
+        assert sum(map(sum, last["confusion"])) == 12
+        assert last["accuracy"] == pytest.approx(ref.last["accuracy"], abs=1e-9)
+        assert last["amm"] == pytest.approx(ref.last["amm"], rel=1e-6)
+        w = ref.alg.global_weights(ref.state)
+        s = scores(ref.alg, ref.alg.model, w["params"], w["buffers"], ref.state,
+                   ref.data.inputs(ref.data.x_local_test), 64)
+        loss = float(torch.nn.functional.cross_entropy(s, ref.data.y_local_test))
+        assert last["federated_loss"] == pytest.approx(loss, rel=1e-5)
+    else:  # personalised: the sites' own models, pooled
+        assert sum(map(sum, last["confusion"])) == 3 + 4 + 4  # every site's held-out images
+        assert last["accuracy"] == last["federated_accuracy"]
+
+
+def test_flower_site_with_other_classes_is_left_out(simulated):
+    exp = simulated["site_refused"]
+    folder = simulated["root"] / "site_refused"
+    rows = rows_of(folder)
+    assert [r["clients"] for r in rows] == [[0, 1], [0, 1]]
+    assert all(r["rejected"] == [2] for r in rows)
+    text = (folder / LOG_FILE).read_text()
+    assert "cannot join" in text and "'zebra' (3 samples), not one of" in text
+    assert exp.data.train_sizes.tolist() == [15, 14, 14]  # site 2: the mean, rounded
+
+
+def test_flower_resumed_run_ends_as_an_uninterrupted_one(simulated):
+    """A Flower run killed (SIGKILL) after round 1 and started again with resume=true ends
+    in the state, and with the metrics, of the run that was never interrupted."""
+    killed = simulated["killed"]
+    assert killed == {"rows": [1], "checkpoint": 1, "summary": False}
+    resumed, ref = simulated["resumed"], simulated["resume"]
+    assert resumed.round == ref.round == 3
+    a, b = flatten(resumed.state), flatten(ref.state)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+    got = rows_of(simulated["root"] / "resumed")
+    want = rows_of(simulated["root"] / "resume")
+    assert [r["round"] for r in got] == [1, 2, 3]
+    for r, w in zip(got, want):
+        assert {k: v for k, v in r.items() if k != "seconds"} == {
+            k: v for k, v in w.items() if k != "seconds"}
+    assert "resuming" in (simulated["root"] / "resumed" / LOG_FILE).read_text()
+    assert "add resume=true" in simulated["refused_again"]
+
+
+def test_flower_resume_refuses_another_config(tmp_path):
+    cfg = tiny("fedavg", rounds=2)
+    run_experiment(config_from_dict({**cfg.to_dict(), "checkpoint_every": 1, "rounds": 1}),
+                   tmp_path / "run")
+    other = Experiment(config_from_dict({**cfg.to_dict(), "checkpoint_every": 1,
+                                         "clients": {**cfg.to_dict()["clients"], "lr": 0.5}}))
+    with pytest.raises(ProtoflError, match="clients.lr = 0.5, the run was started with 0.01"):
+        restore(other, tmp_path / "run")
+    same = Experiment(config_from_dict({**cfg.to_dict(), "checkpoint_every": 1}))
+    restore(same, tmp_path / "run")  # more rounds are fine
+    assert same.round == 1
+    assert json.loads((tmp_path / "run" / runfolder.CONFIG).read_text())["rounds"] == 2
+
+
+def test_flower_resume_flag_and_error_reasons():
+    assert resume_flag(True) and resume_flag("true") and not resume_flag("") and not resume_flag(
+        "false")
+    with pytest.raises(ProtoflError, match="resume = 'maybe'"):
+        resume_flag("maybe")
+    wrapped = "<class 'protofl.errors.ProtoflError'>:<'site 1: class 'x' is odd'>"
+    assert short(wrapped) == "ProtoflError: site 1: class 'x' is odd"
+    assert short("Traceback\n  line\nValueError: bad\n") == "ValueError: bad"
+
+
 # ---- deployment engine: flower-superlink + 2 flower-supernode on 127.0.0.1 ----
 
 def free_port() -> int:
@@ -242,39 +471,63 @@ def wait_for(pred, timeout: float, what: str, every: float = 0.5):
 
 
 class Deployment:
-    """A SuperLink and two SuperNodes (each its own process group, so it can be killed
-    with its ClientApp children)."""
+    """A SuperLink with TLS and SuperNode authentication, and two registered SuperNodes with
+    their own site folders (each process in its own process group, so it can be killed with
+    its ClientApp children). Credentials come from scripts/flower-dev-certs.sh."""
 
     def __init__(self, root: Path):
         self.root, self.procs = root, {}
         self.home = root / "flwr_home"
         self.home.mkdir()
+        self.certs = root / "certs"
+        res = subprocess.run(["bash", str(REPO / "scripts" / "flower-dev-certs.sh"),
+                              str(self.certs), "3"], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
         self.port = free_port()
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
-            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
+            f'address = "127.0.0.1:{self.port}"\n'
+            f'root-certificates = "{self.certs / "ca.crt"}"\n')
         self.env = {**os.environ, "FLWR_HOME": str(self.home), "OMP_NUM_THREADS": "1",
-                    "FLWR_DISABLE_UPDATE_CHECK": "1"}
+                    "FLWR_DISABLE_UPDATE_CHECK": "1",  # the SuperLink starts flower-superexec:
+                    "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
     def start(self, name: str, cmd: list[str]) -> None:
         log = open(self.root / f"{name}.log", "wb")
         self.procs[name] = subprocess.Popen(cmd, env=self.env, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)
 
-    def up(self, nodes: int) -> None:
-        self.start("superlink", [str(BIN / "flower-superlink"), "--insecure",
-                                 "--host", "127.0.0.1",
-                                 "--port", str(self.port),
+    def flwr(self, *args: str, timeout: float = 120) -> str:
+        res = subprocess.run([str(BIN / "flwr"), *args], env=self.env, cwd=self.root,
+                             capture_output=True, text=True, timeout=timeout)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return res.stdout
+
+    def supernode(self, name: str, key: str, node_config: str) -> None:
+        self.start(name, [str(BIN / "flower-supernode"),
+                          "--superlink", f"127.0.0.1:{self.port}",
+                          "--root-certificates", str(self.certs / "ca.crt"),
+                          "--auth-supernode-private-key", str(self.certs / key),
+                          "--host", "127.0.0.1", "--port", str(free_port()),
+                          "--node-config", node_config])
+
+    def up(self, sites: list[Path]) -> None:
+        self.start("superlink", [str(BIN / "flower-superlink"),
+                                 "--ssl-ca-certfile", str(self.certs / "ca.crt"),
+                                 "--ssl-certfile", str(self.certs / "server.pem"),
+                                 "--ssl-keyfile", str(self.certs / "server.key"),
+                                 "--enable-supernode-auth",
+                                 "--host", "127.0.0.1", "--port", str(self.port),
                                  "--disable-runtime-dependency-installation"])
         wait_for(lambda: self._listening(self.port), 60, "the SuperLink")
-        for k in range(nodes):
-            self.start(f"node{k}", [
-                str(BIN / "flower-supernode"), "--insecure",
-                "--superlink", f"127.0.0.1:{self.port}",
-                "--host", "127.0.0.1", "--port", str(free_port()),
-                "--node-config", f"partition-id={k} num-partitions={nodes}"])
-        wait_for(lambda: self.log("superlink").count("Activated node_id") >= nodes, 90,
-                 "the SuperNodes to register")
+        for k, site in enumerate(sites):
+            out = self.flwr("supernode", "register", str(self.certs / f"supernode_{k + 1}.pub"),
+                            "test")
+            assert "registered successfully" in out, out
+            self.supernode(f"node{k}", f"supernode_{k + 1}",
+                           f"partition-id={k} num-partitions={len(sites)} data-root='{site}'")
+        wait_for(lambda: self.log("superlink").count("Activated node_id") >= len(sites), 120,
+                 "the SuperNodes to join")
 
     @staticmethod
     def _listening(port: int) -> bool:
@@ -285,15 +538,12 @@ class Deployment:
         return (self.root / f"{name}.log").read_text(errors="replace")
 
     def flwr_run(self, cfg: Config, out: Path, round_timeout: float) -> None:
+        path = out.with_name(out.name + ".json")
+        path.write_text(json.dumps(cfg.to_dict()))
         overrides = (f'out="{out}" round-timeout={round_timeout} node-wait=60.0 '
-                     f'num-server-rounds={cfg.rounds} config="{self.root / "cfg.json"}" set=""')
-        (self.root / "cfg.json").write_text(json.dumps(cfg.to_dict()))
-        res = subprocess.run([str(BIN / "flwr"), "run", str(REPO), "test",
-                              "--run-config", overrides],
-                             env=self.env, cwd=self.root, capture_output=True, text=True,
-                             timeout=120)
-        assert res.returncode == 0 and "Successfully started run" in res.stdout, (
-            res.stdout + res.stderr)
+                     f'num-server-rounds={cfg.rounds} config="{path}" set=""')
+        out = self.flwr("run", str(REPO), "test", "--run-config", overrides)
+        assert "Successfully started run" in out, out
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         p = self.procs[name]
@@ -323,13 +573,57 @@ def deployment(tmp_path_factory):
     if sys.platform == "win32":
         pytest.skip("process groups are POSIX-only")
     if os.environ.get("PROTOFL_FLOWER_DEPLOYMENT", "1") == "0":
-        pytest.skip("PROTOFL_FLOWER_DEPLOYMENT=0: deployment-engine tests (about 4 min) off")
-    dep = Deployment(tmp_path_factory.mktemp("flower_dep"))
+        pytest.skip("PROTOFL_FLOWER_DEPLOYMENT=0: deployment-engine tests (minutes) off")
+    if not (shutil.which("openssl") and shutil.which("ssh-keygen")):
+        pytest.skip("the development credentials need openssl and ssh-keygen")
+    root = tmp_path_factory.mktemp("flower_dep")
+    sites = [write_site(root / f"site{k}", counts, SITE_CLASSES, seed=k)
+             for k, counts in enumerate(SITE_COUNTS[:2])]
+    dep = Deployment(root)
+    start = time.monotonic()
     try:
-        dep.up(2)
+        dep.up(sites)
+        dep.started = time.monotonic() - start
         yield dep
     finally:
         dep.down()
+
+
+def test_flower_deployment_refuses_an_unknown_supernode(deployment):
+    """A SuperNode whose key was never registered cannot join: it stops with an error (Flower's
+    exit code 305 in its log) and the SuperLink logs the unknown key."""
+    deployment.supernode("intruder", "supernode_3", "partition-id=0 num-partitions=2")
+    rc = wait_for(lambda: deployment.procs["intruder"].poll(), 120, "the intruder to stop")
+    assert rc == 1  # Flower prints its own exit code and ends the process with 1
+    assert "Exit Code: 305" in deployment.log("intruder")
+    assert "Failed to activate SuperNode" in deployment.log("intruder")
+    assert "No SuperNode found with the given public key" in deployment.log("superlink")
+    assert deployment.log("superlink").count("Activated node_id") == 2
+
+
+def test_flower_deployment_site_mode_with_tls_and_authentication(deployment):
+    """Two hospitals on 127.0.0.1, TLS and node authentication: each SuperNode trains on its
+    own image folder (data-root in its node config), the server has no training data."""
+    cfg = config_from_dict({
+        "algorithm": "fedmargin", "seed": 3, "rounds": 2, "eval_every": 2,
+        "trainer": "sequential", "checkpoint_every": 2,
+        "data": {"name": "site", "num_clients": 2, "classes": SITE_CLASSES,
+                 "input_shape": [1, 8, 8]},
+        "model": {"name": "mlp"}, "clients": {"per_round": 2, "batch_size": 8}})
+    out = deployment.root / "site_run"
+    start = time.monotonic()
+    deployment.flwr_run(cfg, out, round_timeout=240)
+    summary = wait_for(lambda: (out / "summary.json").exists() and json.loads(
+        (out / "summary.json").read_text()), 600, "the run to finish", every=2)
+    deployment.site_seconds = time.monotonic() - start
+    assert summary["rounds"] == 2 and summary["dataset"] == "site"
+    rows = rows_of(out)
+    assert [r["round"] for r in rows] == [2] and rows[0]["clients"] == [0, 1]
+    assert sum(map(sum, rows[0]["confusion"])) == 3 + 4  # the sites' held-out images
+    assert 0 <= rows[0]["federated_accuracy"] <= 1 and set(rows[0]["client_accuracy"]) == {
+        "0", "1"}
+    log = (out / LOG_FILE).read_text()
+    assert "site 0 (node" in log and "15 training and 3 held-out samples" in log
 
 
 def test_flower_deployment_fedmargin_two_rounds(deployment):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
-from protofl.config import DataConfig
+from protofl.config import DataConfig, config_from_dict
 from protofl.data.registry import load_dataset
+from protofl.data.site import site_data
 from protofl.errors import ProtoflError
 
 datasets = pytest.importorskip("datasets")
@@ -106,3 +109,31 @@ def test_bad_options_are_one_clear_error(tmp_path):
         hf_federation(HFOptions(str(tmp_path / "missing")), cfg)
     with pytest.raises(ProtoflError, match="needs a dataset"):
         load_dataset(DataConfig(name="hf"))
+
+
+def test_hf_config_keys_reach_the_loader(tmp_path):
+    """The data.hf_* keys: hf_dataset wins over data.root, the natural-id column and the
+    columns are options of the config."""
+    path = save(tmp_path, labels="str", mode="L")
+    fed = load_dataset(DataConfig(name="hf", root=str(tmp_path / "elsewhere"), hf_dataset=path,
+                                  hf_partition_by="center", hf_image_column="img",
+                                  hf_label_column="target", hf_test_split=None,
+                                  hf_image_mode="RGB"))
+    assert fed.num_clients == 3 and fed.input_shape == (3, 6, 6)
+    assert len(fed.x_test) == len(fed.x_local_test)  # no test split: the local tests
+    with pytest.raises(ProtoflError, match="data.hf_image_mode = 'CMYK' is out of range"):
+        config_from_dict({"data": {"hf_image_mode": "CMYK"}})
+
+
+def test_hf_site_holds_out_its_test_split_or_a_fraction(tmp_path):
+    """A site whose files are a Hugging Face dataset: its test split is held out; without
+    one, data.local_test_fraction of its samples; ClassLabel names map to the agreed order."""
+    path = save(tmp_path)
+    cfg = DataConfig(name="site", num_clients=2, classes=["eel", "dog", "cat"],
+                     input_shape=[3, 6, 6], local_test_fraction=0.2, hf_partition_by="center")
+    fed = site_data(cfg, "hf", path, 1)
+    assert fed.train_sizes.tolist() == [0, 30] and len(fed.client_test(1)[1]) == 9
+    x, y = fed.client_train(1)
+    assert y.tolist() == [2 - (r * 7) % 3 for r in row_ids(x)]  # cat is 0 there, 2 here
+    fed = site_data(dataclasses.replace(cfg, hf_test_split=None), "hf", path, 0)
+    assert fed.train_sizes.tolist() == [24, 0] and len(fed.client_test(0)[1]) == 6

@@ -59,12 +59,34 @@ def test_amm_by_hand():
     assert amm == pytest.approx(np.sqrt(2), rel=1e-6)
 
 
+def test_amm_leaves_out_classes_no_client_reported():
+    """Class 2 was never reported: its aggregate row is still the zero vector P^0, which
+    normalises to 0 and would be the nearest "other class" of class 0 ([0, .5] -> d- = .5)."""
+    server = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
+    client = torch.tensor([[[0.0, 1.0], [1.0, 0.0], [0.0, 0.0]]])
+    counts = torch.tensor([[2.0, 3.0, 0.0]])
+    reported = torch.tensor([True, True, False])
+    amm = aggregate_mean_margin(client, counts, server, reported)
+    assert amm == pytest.approx(np.sqrt(2), rel=1e-6)  # d- over classes 0 and 1 only
+    everything = aggregate_mean_margin(client, counts, server)
+    assert everything == pytest.approx(1.0, rel=1e-6)  # min(sqrt 2, 1): the zero row is nearer
+
+
+def test_amm_callback_tracks_reported_classes(tiny_digits):
+    exp, _ = tiny_digits("fedavg")
+    amm = next(cb for cb in exp.callbacks if type(cb).__name__ == "Amm")
+    present = torch.as_tensor(exp.data.class_counts.sum(0) > 0)
+    assert amm.reported is not None and bool((amm.reported <= present).all())
+
+
 def test_client_figures_by_hand():
     from protofl.metrics.federated import client_figures
     preds = {0: (torch.tensor([0, 1, 1, 1]), torch.tensor([0, 1, 0, 0])),  # 2/4 right
              3: (torch.tensor([2, 2]), torch.tensor([2, 2]))}  # 2/2 right
     out = client_figures(preds, 3, pooled=False)
-    assert out == {"local_accuracy": 0.75, "client_accuracy": {"0": 0.5, "3": 1.0}}
+    assert out == {"local_accuracy": 0.75, "client_accuracy": {"0": 0.5, "3": 1.0},
+                   "clients_evaluated": 2}
+    assert client_figures({}, 3, pooled=True) == {"clients_evaluated": 0}
     pooled = client_figures(preds, 3, pooled=True)
     assert pooled["accuracy"] == pytest.approx(4 / 6) and pooled["local_accuracy"] == 0.75
 
@@ -161,9 +183,15 @@ def test_personalised_clients_use_their_own_models():
     assert alg.personalized
     params, buffers = split_state(model)
     zero = {k: torch.zeros_like(v) for k, v in params.items()}
-    got = client_predictions(alg, model, alg.init_state(model), data,
-                             {2: {"params": zero, "buffers": buffers}})
-    assert list(got) == [2] and (got[2][1] == got[2][1][0]).all()  # all-zero model: one class
+    state = alg.init_state(model)
+    got = client_predictions(alg, model, state, data, {2: {"params": zero, "buffers": buffers}})
+    assert list(got) == [0, 1, 2, 3]  # every client is scored
+    assert (got[2][1] == got[2][1][0]).all()  # its own all-zero model: one class
+    # a client that has not trained yet: the model it would start from (the initial one)
+    x, _ = data.client_test(0)
+    want = alg.predict(model, state["init"]["params"], state["init"]["buffers"], state,
+                       data.inputs(x)).argmax(1)
+    assert torch.equal(got[0][1], want)
 
 
 def test_sizes_of_zero_switch_figures_off():

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from protofl.algorithms.base import split_state
-from protofl.algorithms.moon import contrastive_term
+from protofl.algorithms.base import forward, split_state
+from protofl.algorithms.moon import contrastive_term, projected
 from protofl.algorithms.registry import make_algorithm
 from protofl.errors import ProtoflError
 from protofl.models.nets import Mlp
@@ -130,3 +130,40 @@ def test_two_round_digits_run(tiny_digits):
     _, out = tiny_digits("moon")
     for key in ("accuracy", "loss", "train_loss", "amm", "client_loss", "dissimilarity"):
         assert np.isfinite(out[key]), key
+
+
+def test_paper_network_classifies_the_projection():
+    """MOON's network: encoder -> projection head -> classifier; z (what the metrics read) is
+    the encoder's output, h = projection(z) the contrastive space."""
+    torch.manual_seed(0)
+    plain = Mlp(4, 3, hidden=(5, 6))
+    alg = make_algorithm("moon", {"proj_dim": 2}, plain, 3)
+    model = alg.model
+    assert model is not plain and model.backbone is plain and model.feature_dim == 6
+    params, buffers = split_state(model)
+    assert {"projection.0.weight", "projection.2.weight", "classifier.weight"} <= set(params)
+    assert params["classifier.weight"].shape == (3, 2)
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(8))
+    z, logits = forward(model, params, buffers, x)
+    with torch.no_grad():
+        want_z = plain.encode(x)
+        h = model.projection[2](torch.relu(model.projection[0](want_z)))
+        want = h @ model.classifier.weight.T + model.classifier.bias
+    assert torch.allclose(z, want_z) and torch.allclose(logits, want, atol=1e-6)
+    assert torch.allclose(projected(model, params, buffers, x)[0], h, atol=1e-6)
+    protos, _ = alg.prototypes({"params": params, "buffers": buffers}, x,
+                               torch.tensor([0, 1, 2, 0, 1]))
+    assert protos.shape == (3, 6)  # prototypes of z, not of h
+    assert alg.wrap_model(plain) is model and alg.wrap_model(model) is model
+
+
+def test_side_network_keeps_the_classifier_on_z():
+    torch.manual_seed(0)
+    plain = Mlp(4, 3, hidden=(5, 6))
+    alg = make_algorithm("moon", {"proj_dim": 2, "head": "side"}, plain, 3)
+    assert alg.model is plain and plain.projection[2].out_features == 2
+    params, buffers = split_state(plain)
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        want = plain.classifier(plain.encode(x))
+    assert torch.allclose(forward(plain, params, buffers, x)[1], want)

@@ -1,7 +1,13 @@
 import numpy as np
 import torch
 
-from protofl.engine.schedule import assign_work, local_batches, np_rng, sample_clients
+from protofl.engine.schedule import (
+    assign_work,
+    local_batches,
+    local_schedule,
+    np_rng,
+    sample_clients,
+)
 
 
 def test_weighted_sampling_frequencies():
@@ -47,3 +53,14 @@ def test_local_batches_epochs_and_steps():
     assert [len(i) for i in b] == [10] * 7
     small = local_batches(order, torch.arange(4), 3, 10, True, torch.Generator().manual_seed(0))
     assert [len(i) for i in small] == [4, 4, 4]
+
+
+def test_last_pass_is_the_last_epoch_or_an_epochs_worth_of_steps():
+    y = torch.arange(25)
+    order = lambda y, g: torch.randperm(len(y), generator=g)  # noqa: E731
+    gen = torch.Generator().manual_seed(0)
+    b, last = local_schedule(order, y, 2, 10, False, gen)
+    assert last == 3 and sorted(torch.cat(b[-last:]).tolist()) == list(range(25))
+    assert local_schedule(order, y, 7, 10, True, gen)[1] == 3  # ceil(25 / 10) steps
+    assert local_schedule(order, y, 2, 10, True, gen)[1] == 2  # fewer steps than a pass
+    assert local_schedule(order, torch.arange(4), 3, 10, True, gen)[1] == 1

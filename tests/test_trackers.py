@@ -1,3 +1,4 @@
+import importlib.util
 import json
 import sys
 
@@ -70,3 +71,74 @@ def test_unknown_or_missing_tracker_is_one_clear_line(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "mlflow.tracking", None)
     with pytest.raises(ProtoflError, match=r"pip install 'protofl\[mlflow\]'"):
         MLflowTracker(tmp_path).start({}, tmp_path)
+
+
+TINY_RUN = {"rounds": 4, "checkpoint_every": 2, "data": {"num_clients": 6},
+            "clients": {"per_round": 3, "local_steps": 2},
+            "metrics": {"dissimilarity_clients": 0, "train_loss_samples": 0}}
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy 2.1 inside MLflow
+def test_run_logs_to_both_trackers_and_resume_continues_the_mlflow_run(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    pytest.importorskip("tensorboard")
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from protofl.api import resume_experiment
+    from protofl.cli import main
+    from protofl.engine import experiment
+
+    store, out = tmp_path / "store", tmp_path / "run"
+    real_step = experiment.Experiment.step
+
+    def dying_step(self):
+        if self.round == 3:  # killed in round 4, after the round-2 checkpoint
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(experiment.Experiment, "step", dying_step)
+    args = ["run", "-q", "--out", str(out), "--log", "tensorboard", "--log", "mlflow",
+            "--log-dir", str(store), "--rounds", "4", "--set", "checkpoint_every=2",
+            "--set", "data.num_clients=6", "--set", "clients.per_round=3",
+            "--set", "clients.local_steps=2", "--set", "metrics.dissimilarity_clients=0",
+            "--set", "metrics.train_loss_samples=0"]
+    assert main(args) == 130  # interrupted
+    monkeypatch.setattr(experiment.Experiment, "step", real_step)
+    state = json.loads((out / "tracking.json").read_text())
+    assert state["logged_round"] == 3
+    resume_experiment(out)
+    assert json.loads((out / "tracking.json").read_text()) == {**state, "logged_round": 4}
+
+    client = MlflowClient(tracking_uri=state["mlflow"]["uri"])
+    assert state["mlflow"]["uri"] == f"sqlite:///{(store / 'mlflow.db').resolve()}"
+    runs = client.search_runs([client.get_experiment_by_name("protofl").experiment_id])
+    assert [r.info.run_id for r in runs] == [state["mlflow"]["run_id"]]  # one run, continued
+    got = runs[0]
+    assert got.info.status == "FINISHED" and got.data.params["tracking"] == '["tensorboard", ' \
+        '"mlflow"]'
+    history = client.get_metric_history(got.info.run_id, "accuracy")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4]  # round 3 logged once
+    assert [m.value for m in sorted(history, key=lambda m: m.step)] == pytest.approx(
+        [r["accuracy"] for r in _records(out)])
+    names = {a.path for a in client.list_artifacts(got.info.run_id)}
+    assert {"config.json", "metrics.jsonl", "summary.json", "curves.png", "stats.json"} <= names
+
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert sorted(e.step for e in acc.Scalars("accuracy")) == [1, 2, 3, 4]
+
+
+def test_tracking_needs_its_package_and_a_run_folder(tmp_path, monkeypatch):
+    from protofl.api import run_experiment
+    from protofl.config import config_from_dict
+
+    cfg = config_from_dict({**TINY_RUN, "tracking": ["tensorboard"]})
+    with pytest.raises(ProtoflError, match="tracking needs a run folder"):
+        run_experiment(cfg)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    with pytest.raises(ProtoflError, match=r"pip install 'protofl\[tensorboard\]'"):
+        run_experiment(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # refused before the folder is made

@@ -12,25 +12,44 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from protofl.config import Config, config_from_dict
+from protofl.data.site import SiteFederation
 from protofl.engine import runfolder
-from protofl.engine.callbacks import Callback, Progress, RunFolder
+from protofl.engine.callbacks import Callback, Progress, RunFolder, SaveWeights
 from protofl.engine.experiment import Experiment
 from protofl.errors import ProtoflError
 from protofl.report.plots import PlotRun
+from protofl.report.stats import PartitionStats
+from protofl.report.trackers import Tracking, require
 
 
 def folder_callbacks(out: Path | None, overwrite: bool, progress: bool) -> list[Callback]:
-    """The callbacks of a run written to ``out`` (none without it), with a progress bar."""
-    cbs: list[Callback] = [RunFolder(out, overwrite), PlotRun(out)] if out is not None else []
+    """The callbacks of a run written to ``out`` (none without it), in the order they must
+    run: the folder, per-round weights, partition statistics, plots, trackers; and a
+    progress bar."""
+    cbs: list[Callback] = [RunFolder(out, overwrite), SaveWeights(out), PartitionStats(out),
+                           PlotRun(out), Tracking(out)] if out is not None else []
     return cbs + ([Progress()] if progress else [])
+
+
+def runnable(exp: Experiment, out: Path | None) -> Experiment:
+    """``exp``, after refusing what can be refused before a run folder is touched: a site
+    federation (its data are on the sites) and tracking without a run folder or its package."""
+    if isinstance(exp.data, SiteFederation):
+        raise ProtoflError("data.name site: the training data are on the sites, each trained "
+                           "by its own Flower SuperNode; run it with `flwr run` "
+                           "(docs/flower.md, site mode)")
+    if exp.cfg.tracking and out is None:
+        raise ProtoflError("tracking needs a run folder (out)")
+    require(exp.cfg.tracking)
+    return exp
 
 
 def run_experiment(cfg: Config, out: str | Path | None = None, *, overwrite: bool = False,
                    progress: bool = False, callbacks: Sequence[Callback] = ()) -> dict:
     """Run ``cfg`` to the end, writing a run folder at ``out`` if given (held locked against
     a second writer); ``callbacks`` are added to the default ones. Returns the summary."""
-    exp = Experiment(cfg)
     out = Path(out) if out is not None else None
+    exp = runnable(Experiment(cfg), out)
     exp.callbacks += [*folder_callbacks(out, overwrite, progress), *callbacks]
     if out is None:
         return exp.run()
@@ -54,7 +73,7 @@ def resume_experiment(out: str | Path, rounds: int | None = None, progress: bool
                 raise ProtoflError(f"--rounds {rounds}: {out} has already run "
                                    f"{snapshot['round']} rounds; give at least that many")
             cfg = dataclasses.replace(cfg, rounds=rounds)
-        exp = Experiment(cfg)
+        exp = runnable(Experiment(cfg), out)
         exp.callbacks += [*folder_callbacks(out, False, progress), *callbacks]
         exp.restore(snapshot)
         runfolder.check_history(out, exp.round, exp.cfg.eval_every, exp.cfg.rounds)

@@ -38,6 +38,11 @@ def _config(args) -> Config:
         from protofl.data.registry import task_default_dataset
 
         raw.setdefault("data", {})["name"] = task_default_dataset(args.task)
+    if getattr(args, "log", None):
+        have = raw.get("tracking") if isinstance(raw.get("tracking"), list) else []
+        raw["tracking"] = list(dict.fromkeys([*have, *args.log]))
+    if getattr(args, "log_dir", None):
+        raw["tracking_dir"] = args.log_dir
     for s in args.set or []:
         apply_set(raw, s)
     return config_from_dict(raw)
@@ -48,11 +53,11 @@ def cmd_run(args) -> int:
 
     if args.resume:
         given = [flag for flag in ("config", "algorithm", "dataset", "task", "seed", "set",
-                                   "out", "overwrite")
+                                   "out", "overwrite", "log", "log_dir")
                  if getattr(args, flag) is not None and getattr(args, flag) is not False]
         if given:
             raise ProtoflError(f"--resume continues a run as it was configured; only --rounds "
-                               f"(to extend it) may be given, not --{given[0]}")
+                               f"(to extend it) may be given, not --{given[0].replace('_', '-')}")
         summary = resume_experiment(Path(args.resume), args.rounds, progress=not args.quiet)
         out = Path(args.resume)
     else:
@@ -63,8 +68,11 @@ def cmd_run(args) -> int:
     figures = ", ".join(f"{k} {summary[k]:.4f}" for k in ("miou", "accuracy", "loss",
                                                           "local_accuracy")
                         if isinstance(summary.get(k), float))
+    if isinstance(summary.get("epsilon"), float):
+        figures += f", epsilon {summary['epsilon']:.3g}"
+    stopped = f", stopped early: {summary['stopped']}" if summary.get("stopped") else ""
     print(f"{summary['algorithm']} on {summary['dataset']}, {summary['rounds']} rounds: "
-          f"{figures} ({summary['seconds']:.1f} s) -> {out}")
+          f"{figures} ({summary['seconds']:.1f} s{stopped}) -> {out}")
     return 0
 
 
@@ -123,12 +131,37 @@ def cmd_suite(args) -> int:
     return 0
 
 
+def algorithm_details(name: str) -> list[str]:
+    """``protofl algorithms --verbose``: an algorithm's paper settings of ``clients.*`` (and
+    their source) and its ``algo.*`` options with their defaults."""
+    import json
+
+    from protofl.algorithms.registry import algorithm_class
+    from protofl.config import declared
+
+    cls = algorithm_class(name)
+    lines = []
+    if cls.client_defaults:
+        shown = ", ".join(f"{k}={json.dumps(v)}" for k, v in cls.client_defaults.items())
+        lines.append(f"clients.* where the config leaves them null: {shown}")
+        if cls.client_defaults_source:
+            lines.append(f"  source: {cls.client_defaults_source}")
+    else:
+        lines.append("clients.*: the config's (no paper settings)")
+    opts = [f"{n}={json.dumps(d)}" for n, _, d, _ in declared(cls.Options)]
+    lines.append("algo.*: " + (", ".join(opts) if opts else "none"))
+    return lines
+
+
 def cmd_algorithms(args) -> int:
     from protofl.algorithms.registry import ALGORITHMS, ALIASES, algorithm_class
 
     for name in ALGORITHMS:
         cls = algorithm_class(name)
         print(f"{name:12s} {cls.description} [{', '.join(cls.tasks)}]")
+        if args.details:
+            for line in algorithm_details(name):
+                print(" " * 13 + line)
     for alias, target in ALIASES.items():
         print(f"{alias:12s} alias of {target}")
     print(NAMES_NOTE)
@@ -140,6 +173,7 @@ def cmd_datasets(args) -> int:
 
     for name, spec in DATASETS.items():
         where = "built in" if not spec.needs_files else "needs data.root"
+        where = "files on the Flower sites" if name == "site" else where
         print(f"{name:10s} {spec.description} [{where}; model {spec.model}]")
     return 0
 
@@ -160,7 +194,9 @@ def options_markdown() -> str:
         if cls.client_defaults:
             shown = ", ".join(f"`clients.{k}: {json.dumps(v)}`"
                               for k, v in cls.client_defaults.items())
-            parts += [f"Defaults it sets where the config leaves them null: {shown}.", ""]
+            parts += [f"Defaults it sets where the config leaves them null: {shown}."
+                      + (f" Source: {cls.client_defaults_source}." if cls.client_defaults_source
+                         else ""), ""]
     return "\n".join(parts)
 
 
@@ -271,6 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
     config_args(q)
     q.add_argument("--resume", metavar="DIR", help="continue a killed run from its checkpoint")
     q.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    q.add_argument("--log", action="append", choices=("tensorboard", "mlflow"),
+                   help="also log to TensorBoard (<run>/tensorboard) or MLflow (repeatable; "
+                   "config key `tracking`)")
+    q.add_argument("--log-dir", metavar="DIR", help="MLflow's store: a folder or tracking URI "
+                   "(default: mlruns; config key `tracking_dir`)")
     q.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     q.set_defaults(func=cmd_run)
 
@@ -304,8 +345,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override every run")
     q.set_defaults(func=cmd_suite)
 
-    for name, func, text in (("algorithms", cmd_algorithms, "list the algorithms"),
-                             ("datasets", cmd_datasets, "list the datasets"),
+    q = sub.add_parser("algorithms", help="list the algorithms")
+    q.add_argument("--verbose", dest="details", action="store_true",
+                   help="also each algorithm's paper settings of clients.* and its options")
+    q.set_defaults(func=cmd_algorithms)
+    for name, func, text in (("datasets", cmd_datasets, "list the datasets"),
                              ("suites", cmd_suites, "list the experiment suites"),
                              ("options", cmd_options,
                               "every config and algorithm option, as Markdown tables")):
@@ -340,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("tsne", help="t-SNE of a run's final features per class (Fig. S3; "
                        "segmentation: sampled pixels, background left out)")
-    q.add_argument("dir", help="a run folder with checkpoint.pt")
+    q.add_argument("dir", help="a run folder with its checkpoint")
     q.add_argument("--samples", type=int, default=1000, help="global-test samples to embed")
     q.set_defaults(func=cmd_tsne)
     return p

@@ -24,6 +24,10 @@ import yaml
 from protofl.errors import ProtoflError
 
 SEED_MAX = 2**32 - 1  # numpy and torch both take seeds in [0, 2^32)
+# the datasets whose files a site of a cross-silo federation may hold (data.name: site)
+SITE_FORMATS = ("imagefolder", "medmnist", "ham10000", "matek19", "mnist", "voc", "voc_macro",
+                "hf")
+FLOAT32_MAX = 3.4028234663852886e38  # optimizer steps take their settings as float32
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,8 @@ class Rule:
         """The allowed values in words, e.g. ``an integer >= 1`` or ``sgd or adam``."""
         if self.choices:
             words = (["null"] if _nullable(hint) else []) + [str(c) for c in self.choices]
+            if typing.get_origin(_base(hint)) is list:
+                return "a list of: " + ", ".join(words)
             return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
         base = _base(hint)
         text = _kind(base)
@@ -63,6 +69,8 @@ class Rule:
         if value is None:
             return True
         if self.choices:
+            if isinstance(value, list):
+                return all(v in self.choices for v in value)
             return value in self.choices
         return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
                 and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
@@ -133,6 +141,34 @@ class DataConfig:
               "crop_flip (random resized crop + horizontal flip, masks with their images) or "
               "none; null: the dataset's (segmentation sets: crop_flip)",
         choices=("none", "crop_flip"))
+    # data.name hf (Hugging Face datasets through flwr-datasets; docs/datasets.md)
+    hf_dataset: str | None = option(None, "hf: a Hub dataset id, a save_to_disk folder or a "
+                                          "folder of data files (null: data.root)")
+    hf_subset: str | None = option(None, "hf: the Hub dataset's configuration (subset) name")
+    hf_train_split: str = option("train", "hf: the split the clients train on")
+    hf_test_split: str | None = option("test", "hf: the split used as the global test set "
+                                               "(null or absent: the clients' local test "
+                                               "splits together)")
+    hf_image_column: str | None = option(None, "hf: the image column (null: the first Image "
+                                               "feature, else 'image' or 'img')")
+    hf_label_column: str | None = option(None, "hf: the label column (null: the first "
+                                               "ClassLabel feature, else 'label' or 'labels')")
+    hf_partition_by: str | None = option(None, "hf: a column whose values are the clients "
+                                               "(flwr-datasets' NaturalIdPartitioner, e.g. "
+                                               "center); null: data.partition")
+    hf_image_mode: str | None = option(None, "hf: images as RGB or L (grey); null: from the "
+                                             "first image", choices=("RGB", "L"))
+    # data.name site (a cross-silo Flower federation; docs/flower.md)
+    classes: list[str] = option([], "site: the class names all sites agree on, in label order "
+                                    "(or data.num_classes)")
+    num_classes: int | None = option(None, "site: the number of classes when they have no "
+                                           "names (labels 0..C-1)", ge=1)
+    input_shape: list[int] = option([], "site: the model input every site's samples must have, "
+                                        "e.g. [3, 64, 64] (C, H, W); an image folder reads C")
+    site_format: str = option("imagefolder", "site: the layout of the sites' files and of the "
+                                             "server's optional test set at data.root; a "
+                                             "SuperNode's data-name overrides it",
+                              choices=SITE_FORMATS)
 
 
 @dataclass
@@ -155,15 +191,16 @@ class ModelConfig:
 @dataclass
 class ClientConfig:
     per_round: int = option(10, "K', active clients per round", ge=1)
-    local_epochs: int = option(1, "E, local epochs per round", ge=1)
+    local_epochs: int | None = option(None, "E, local epochs per round", ge=1, fallback=1)
     local_steps: int | None = option(None, "if set, exactly this many local batches per round "
                                            "instead of epochs", ge=1)
-    batch_size: int = option(10, "local batch size", ge=1)
-    optimizer: str = option("sgd", "local optimizer (its state lives for one round)",
-                            choices=("sgd", "adam"))
-    lr: float = option(0.01, "local learning rate", gt=0)
-    momentum: float = option(0.0, "SGD momentum", ge=0, lt=1)
-    weight_decay: float = option(0.0, "L2 weight decay of the local optimizer", ge=0)
+    batch_size: int | None = option(None, "local batch size", ge=1, fallback=10)
+    optimizer: str | None = option(None, "local optimizer (its state lives for one round)",
+                                   choices=("sgd", "adam"), fallback="sgd")
+    lr: float | None = option(None, "local learning rate", gt=0, le=FLOAT32_MAX, fallback=0.01)
+    momentum: float | None = option(None, "SGD momentum", ge=0, lt=1, fallback=0.0)
+    weight_decay: float | None = option(None, "L2 weight decay of the local optimizer", ge=0,
+                                        le=FLOAT32_MAX, fallback=0.0)
     stragglers: float = option(0.0, "δ, the share of active clients doing partial work",
                                ge=0, lt=1)
     tolerate_partial: bool | None = option(
@@ -180,6 +217,51 @@ class MetricsConfig:
     train_loss_samples: int = option(20000, "training loss of the aggregate model on up to "
                                             "this many samples (0: off)", ge=0)
     eval_batch: int = option(2048, "evaluation batch size", ge=1)
+    save_weights: bool | None = option(
+        None, "keep the aggregate weights of every round in weights/round_NNNN.safetensors "
+              "(an FFD reference); null: true for central, else false", fallback=False)
+    ffd_reference: str | None = option(
+        None, "run folder of a reference run (e.g. central) that saved its weights: log "
+              "`mmd`, the client-averaged MMD² to its features, on evaluated rounds",
+        path=True)
+    ffd_probe: int = option(128, "global-test samples in the FFD probe (the same for every "
+                                 "run seed: drawn with data.seed)", ge=2)
+    ffd_estimator: str = option("biased", "MMD² estimator of FFD",
+                                choices=("biased", "unbiased"))
+    ffd_rows: int = option(2048, "at most this many feature rows per model and round "
+                                 "(per-pixel features are subsampled, the same rows for "
+                                 "every model)", ge=2)
+
+
+@dataclass
+class PrivacyConfig:
+    noise_multiplier: float = option(0.0, "client-level DP: sigma, the Gaussian noise std over "
+                                          "each part's L2 bound (0: off)", ge=0, le=1e4)
+    clip: float = option(1.0, "C, bound on the L2 norm of a client's weights update", gt=0)
+    proto_clip: float = option(10.0, "C_p, bound on the L2 norm of each prototype row", gt=0)
+    noise: str = option("server", "who adds the noise: the server to the sum, or each client "
+                                  "its share (needs an algorithm whose server needs only sums)",
+                        choices=("server", "client"))
+    delta: float = option(1e-5, "delta of the (epsilon, delta) guarantee", gt=0, lt=1)
+    sampling: str = option("fixed", "sampling the accountant assumes: fixed-size cohorts "
+                                    "(what the engine does) or Poisson (an approximation)",
+                           choices=("fixed", "poisson"))
+    accountant: str = option("rdp", "privacy accountant (pld needs poisson)",
+                             choices=("rdp", "pld"))
+    budget: float | None = option(None, "epsilon budget (null: none)", gt=0)
+    on_budget: str = option("stop", "at the budget: stop before the round that would exceed "
+                                    "it, or warn once and go on", choices=("stop", "warn"))
+    secagg: bool = option(False, "sum the clients' uploads securely (SecAgg+ on Flower; "
+                                 "simulated sums in process); needs an algorithm whose server "
+                                 "needs only sums")
+    secagg_shares: float = option(1.0, "SecAgg+: share of the round's clients each client's "
+                                       "secrets are split among", gt=0, le=1)
+    secagg_threshold: float = option(0.5, "SecAgg+: share of those shares needed to unmask",
+                                     gt=0, le=1)
+    secagg_range: float = option(8.0, "SecAgg+: every contribution entry must lie in "
+                                      "[-range, range]; it is quantised to 2^22 levels", gt=0)
+    secagg_max_weight: float = option(1000.0, "SecAgg+ without DP: sample counts are divided "
+                                              "by this to fit the range", gt=0)
 
 
 @dataclass
@@ -203,10 +285,17 @@ class Config:
                                        "results are bit-identical only at a fixed count",
                                  ge=1)
     callbacks: list[str] = option([], "extra round callbacks, as `module:Class` import paths")
+    tracking: list[str] = option([], "experiment trackers fed each evaluated round (needs a "
+                                     "run folder)", choices=("tensorboard", "mlflow"))
+    tracking_dir: str | None = option(
+        None, "MLflow's store: a folder (SQLite + artefacts, no server) or a tracking URI "
+              "(null: mlruns in the working folder); TensorBoard writes <run>/tensorboard",
+        path=True)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     clients: ClientConfig = field(default_factory=ClientConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     algo: dict[str, Any] = field(default_factory=dict)  # the algorithm's own options
 
     def to_dict(self) -> dict[str, Any]:

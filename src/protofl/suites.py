@@ -3,7 +3,9 @@
 Each suite is a list of (dataset label, base config) and a list of (run label, overrides);
 every combination runs once per seed into ``OUT/<dataset>/<run>/seed<N>``, finished runs are
 skipped (a killed suite resumes by running it again), and a comparison table and curves are
-written at the end.
+written at the end. A suite with ``ffd`` also runs the centralized baseline per dataset and
+seed (``OUT/<dataset>/central/seed<N>``, before the others) as the reference model of the
+FFD metric, which every other run then logs (``mmd``; the table's FFD against fedavg).
 """
 
 from __future__ import annotations
@@ -30,14 +32,21 @@ DIGITS_NONIID = {
     "metrics": {"dissimilarity_clients": 30},
 }
 
-# fedproin's protocol (K = 10, half active, Dirichlet 0.5 and IID) scaled to the digits CNN
+# fedproin's protocol (K = 10, half active, Dirichlet 0.5 and IID) scaled to the digits CNN;
+# the baselines share one local setup (momentum and weight decay pinned so that no baseline
+# takes its own paper's), fedproin trains with its own optimizer and learning rate
 FEDPROIN_DIGITS = {
     "data": {"name": "digits", "num_clients": 10},
     "rounds": 20,
     "clients": {"per_round": 5, "local_steps": 10, "batch_size": 32, "optimizer": "adam",
-                "lr": 0.001},
+                "lr": 0.001, "momentum": 0.0, "weight_decay": 0.0},
     "metrics": {"dissimilarity_clients": 0},
 }
+OWN_OPTIMIZER = {"optimizer": None, "lr": None}  # null: the algorithm's paper setting
+
+
+# the FFD reference of a suite: the centralized baseline (sequential: one client, no vmap)
+CENTRAL = {"algorithm": "central", "trainer": "sequential"}
 
 
 # the seed's federated segmentation benchmark on the embedded Shapes set (suite
@@ -71,6 +80,7 @@ class Suite:
     runs: dict[str, dict[str, Any]]
     seeds: tuple[int, ...] = (0, 1, 2)
     extra: list[str] = field(default_factory=list)
+    ffd: bool = False  # a central reference per dataset and seed; FFD logged by every run
     # run label -> the dataset labels it runs on (default: every one)
     runs_on: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # what the suite draws at the end besides the table: (out, every (raw, folder)) -> files
@@ -79,13 +89,12 @@ class Suite:
 
 def segmentation_figures(out: Path, work: list[tuple[dict, str]]) -> list[Path]:
     """The segmentation suite's figures: for each split the qualitative figure of the
-    lowest seed's fedavg, fedmargin and central runs (``OUT/qualitative_<split>.png``), the
-    partition statistics of the three splits (the seed's Fig. S1, ``OUT/partition.png``) and
-    each split's ``stats.json`` in its first fedavg run folder (the report shows it)."""
+    lowest seed's fedavg, fedmargin and central runs (``OUT/qualitative_<split>.png``) and
+    the partition statistics of the three splits side by side (the seed's Fig. S1,
+    ``OUT/partition.png``)."""
     from protofl.config import config_from_dict
     from protofl.data.registry import load_dataset
     from protofl.report.segmentation import partition_figure, runs_figure
-    from protofl.report.stats import partition_stats
 
     first: dict[tuple[str, str], tuple[int, str, dict]] = {}
     for raw, folder in work:
@@ -102,7 +111,6 @@ def segmentation_figures(out: Path, work: list[tuple[dict, str]]) -> list[Path]:
         raw = first[(ds, "fedavg")][2]
         data = load_dataset(config_from_dict(raw).data)
         splits[f"α = {raw['data']['alpha']:g}"] = data
-        partition_stats(data, Path(first[(ds, "fedavg")][1]))
         written.append(runs_figure(folders, out / f"qualitative_{ds}.png",
                                    title=f"{data.name}, α = {raw['data']['alpha']:g}"))
     written.append(partition_figure(splits, out / "partition.png"))
@@ -111,10 +119,12 @@ def segmentation_figures(out: Path, work: list[tuple[dict, str]]) -> list[Path]:
 
 SUITES: dict[str, Suite] = {
     "main": Suite(
-        "fedavg, fedprox, fedatt and fedmargin on Synthetic(1,1) and non-IID digits, 3 seeds",
+        "fedavg, fedprox, fedatt and fedmargin on Synthetic(1,1) and non-IID digits, 3 seeds, "
+        "with FFD against a central model",
         {"synthetic": SYNTHETIC, "digits-noniid": DIGITS_NONIID},
         {"fedavg": {"algorithm": "fedavg"}, "fedprox": {"algorithm": "fedprox"},
          "fedatt": {"algorithm": "fedatt"}, "fedmargin": {"algorithm": "fedmargin"}},
+        ffd=True,
     ),
     "fedmargin-options": Suite(
         "fedmargin's reconstruction alternatives (docs/algorithms.md) on the main job's data, "
@@ -149,14 +159,16 @@ SUITES: dict[str, Suite] = {
         },
     ),
     "fedproin": Suite(
-        "fedproin vs fedavg, fedprox, moon, fedproto, fedtgp, fedplvm on digits (K = 10, "
-        "5 per round), Dirichlet 0.5 and IID, 3 seeds",
+        "fedproin (its paper's Adam, lr 1e-4) vs fedavg, fedprox, moon, fedproto, fedtgp, "
+        "fedplvm (Adam, lr 1e-3) on digits (K = 10, 5 per round), Dirichlet 0.5 and IID, "
+        "3 seeds",
         {"digits-dir0.5": {**FEDPROIN_DIGITS, "data": {**FEDPROIN_DIGITS["data"],
                                                        "partition": "dirichlet",
                                                        "alpha": 0.5}},
          "digits-iid": {**FEDPROIN_DIGITS, "data": {**FEDPROIN_DIGITS["data"],
                                                     "partition": "iid"}}},
-        {"fedproin": {"algorithm": "fedproin", "algo": {"flips": False}},  # digits: no flips
+        {"fedproin": {"algorithm": "fedproin", "algo": {"flips": False},  # digits: no flips
+                      "clients": OWN_OPTIMIZER},
          **{name: {"algorithm": name} for name in ("fedavg", "fedprox", "moon", "fedproto",
                                                      "fedtgp", "fedplvm")}},
     ),
@@ -196,13 +208,28 @@ def plan(name: str, out: Path, seeds: tuple[int, ...] | None = None,
     suite = SUITES[name]
     jobs = []
     for ds, base in suite.datasets.items():
+        for seed in seeds or suite.seeds:
+            if suite.ffd:  # first, so that it runs before the runs that read it
+                raw = merge(merge(base, CENTRAL), {"seed": seed, **(overrides or {})})
+                jobs.append((raw, str(out / ds / "central" / f"seed{seed}")))
         for label, over in suite.runs.items():
             if ds not in suite.runs_on.get(label, (ds,)):
                 continue
             for seed in seeds or suite.seeds:
                 raw = merge(merge(base, over), {"seed": seed, **(overrides or {})})
+                if suite.ffd:
+                    ref = (out / ds / "central" / f"seed{seed}").resolve()
+                    raw = merge(raw, {"metrics": {"ffd_reference": str(ref)}})
                 jobs.append((raw, str(out / ds / label / f"seed{seed}")))
     return jobs
+
+
+def phases(jobs: list[tuple[dict, str]]) -> list[list[tuple[dict, str]]]:
+    """The jobs that other jobs read as their FFD reference, then the others."""
+    refs = {Path(raw["metrics"]["ffd_reference"]).resolve() for raw, _ in jobs
+            if raw.get("metrics", {}).get("ffd_reference")}
+    first = [j for j in jobs if Path(j[1]).resolve() in refs]
+    return [p for p in (first, [j for j in jobs if j not in first]) if p]
 
 
 def run_suite(name: str, out: Path, jobs: int | None = None, seeds: tuple[int, ...] | None = None,
@@ -230,8 +257,9 @@ def run_suite(name: str, out: Path, jobs: int | None = None, seeds: tuple[int, .
                 bar.update(1)
         else:
             with get_context("spawn").Pool(jobs) as pool:
-                for _ in pool.imap_unordered(_one, [(r, f, False) for r, f in todo]):
-                    bar.update(1)
+                for phase in phases(todo):  # FFD references before the runs that read them
+                    for _ in pool.imap_unordered(_one, [(r, f, False) for r, f in phase]):
+                        bar.update(1)
     text = compare([Path(f) for _, f in work], out / "table.md", overwrite=True)
     finish = SUITES[name].finish
     figures = finish(out, work) if finish is not None else []

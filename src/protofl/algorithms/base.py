@@ -5,9 +5,9 @@ round loop call the same functions::
 
     broadcast = alg.broadcast(state)                                    # server -> client
     ctx  = alg.client_begin(model, broadcast, client_state, x, y)       # before local training
-    loss = alg.loss(model, params, buffers, x, y, w, ctx)               # functional, vmap-able
+    loss, stats = alg.loss_and_stats(model, params, buffers, x, y, w, ctx)  # vmap-able
     upload, client_state = alg.client_end(model, params, buffers, broadcast, ctx,
-                                          client_state, x, y)
+                                          client_state, x, y[, stats=last_pass_sums])
     state, diagnostics = alg.aggregate(state, uploads, round)           # client -> server
 
 ``params``/``buffers`` are name -> tensor dicts of the model; ``w`` weights each sample (1 for
@@ -16,10 +16,14 @@ State, contexts and uploads are nested dicts of tensors (typed below per algorit
 serialisable, checkpointed, and sent as Flower records as they are.
 
 An algorithm also says what the rest of protofl may know about it, so nothing outside it
-names its keys: ``upload_spec`` (every upload entry's shape, and which are counts),
-``prototypes`` (the class prototypes an upload stands for), ``global_weights`` and
+names its keys: ``upload_spec`` (every upload entry's shape, which are counts, and what each
+is: weights, prototypes and the counts weighing them, ... for DP and secure sums; an upload
+is at most two levels deep), ``prototypes`` (the class prototypes an upload stands for),
+``client_weights`` (the model an upload stands for, if it holds one), ``global_weights`` and
 ``eval_weights`` (the weights the server evaluates), ``pipeline`` (how its clients batch
-their data) and ``client_defaults`` (its paper's local-training settings). Example (FedAvg,
+their data), ``client_defaults`` (its paper's local-training settings), and for client-level
+DP and secure aggregation ``client_weight`` / ``client_weight_bound`` (its aggregation weight
+per client), ``sums_reason`` and ``aggregate_private`` (docs/privacy.md). Example (FedAvg,
 one round, two clients)::
 
     alg = make_algorithm("fedavg", {}, model, num_classes=10)
@@ -61,12 +65,29 @@ class WeightsUpload(Weights):
     num_samples: torch.Tensor
 
 
+# what an upload entry is, for client-level DP and secure sums (docs/privacy.md)
+KINDS = {
+    "weights": "model weights, averaged with the client weights (under DP: the update W_k - W^t "
+               "is clipped)",
+    "prototypes": "vectors (..., d) averaged row by row, weighed by the entry `weighed_by`",
+    "counts": "per-row counts weighing prototypes (n_k[c], influence)",
+    "presence": "per-row counts of which only n > 0 weighs prototypes (one vote per client)",
+    "size": "the client's sample count n_k (FedAvg's client weight)",
+    "weight": "an aggregation weight the client computed itself",
+    "score": "read by the server only to score the client, never aggregated",
+    "other": "anything else (the server needs it from each client individually)",
+}
+
+
 @dataclass(frozen=True)
 class UploadEntry:
-    """One tensor of a valid upload: its shape, and whether it is a count (never negative)."""
+    """One tensor of a valid upload: its shape, whether it is a count (never negative), what
+    it is (a key of ``KINDS``) and, for prototypes, the counts entry that weighs them."""
 
     shape: tuple[int, ...]
     count: bool = False
+    kind: str = "other"
+    weighed_by: str = ""
 
 
 @dataclass
@@ -149,14 +170,20 @@ class Algorithm:
     name: ClassVar[str] = "base"
     description: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions  # a dataclass of declared options (config.option)
-    # the paper's settings of `clients.*` keys, used where the config leaves them null
+    # the paper's settings of `clients.*` keys, used where the config leaves them null, and
+    # where they come from (shown by `protofl algorithms --verbose`)
     client_defaults: ClassVar[dict[str, Any]] = {}
+    client_defaults_source: ClassVar[str] = ""
     personalized: ClassVar[bool] = False  # each client keeps and is evaluated with its own model
     centralized: ClassVar[bool] = False  # trained on the pooled data (the central baseline)
     # the tasks (protofl.tasks.TASKS) its loss and uploads are written for; the engine
     # refuses the others. Per-sample feature terms (contrastive, prototype heads) make an
     # algorithm classification-only.
     tasks: ClassVar[tuple[str, ...]] = ("classification",)
+    # client-level DP and secure sums (docs/privacy.md): why the server rule needs each client's
+    # upload ("" when sums over clients do), and what DP feeds such a rule instead ("": refused)
+    needs_individual: ClassVar[str] = ""
+    private_fallback: ClassVar[str] = ""
 
     def __init__(self, options: dict[str, Any], model: ProtoNet, num_classes: int):
         self.opts = build(self.Options, dict(options), "algo")
@@ -200,9 +227,39 @@ class Algorithm:
         a, diag = self.aggregation_weights(uploads, state)
         new = dict(state)
         new["params"] = weighted_average([u["params"] for u in uploads], a)
-        new["buffers"] = weighted_average([u["buffers"] for u in uploads], a) if uploads[0][
-            "buffers"] else {}
+        new["buffers"] = weighted_average([u["buffers"] for u in uploads], a) if uploads[0].get(
+            "buffers") else {}
         return new, {"weights": a.tolist(), **diag}
+
+    def client_weight(self, upload: Tensors, state: Tensors | None) -> torch.Tensor:
+        """Client k's unnormalised aggregation weight: its model counts ``w_k / sum_j w_j``
+        (FedAvg: ``n_k``). Depends on its own upload and the server state only, so the server
+        rule is a ratio of sums over clients (``state`` is None on a client)."""
+        return upload["num_samples"].to(torch.float64)
+
+    def client_weight_bound(self) -> float | None:
+        """The largest ``client_weight`` can be; None when unbounded (``n_k``), which DP
+        replaces by uniform weights."""
+        return None
+
+    def sums_reason(self) -> str:
+        """Why the server needs each client's upload individually; "" when sums over clients
+        do (secure aggregation and client-side DP noise need "")."""
+        if self.needs_individual:
+            return self.needs_individual
+        for key, entry in self.upload_spec().items():
+            if entry.kind in ("score", "other"):
+                return f"its server reads {key!r} of each client ({KINDS[entry.kind]})"
+        return ""
+
+    def aggregate_private(self, state: Tensors, mean: Tensors, round: int
+                          ) -> tuple[Tensors, Tensors]:
+        """New server state from an estimate of the round's aggregate shaped as one upload
+        (the averaged weights, the averaged prototypes, their total counts with 0 where a row
+        had none): client-level DP and secure sums feed the rule this instead of the uploads.
+        Default: ``aggregate`` of that one upload; an algorithm whose rule reads ``score``
+        entries overrides it."""
+        return self.aggregate(state, [mean], round)
 
     def global_weights(self, state: Tensors) -> Weights | None:
         """The aggregate model's weights (None for personalised methods, which have none)."""
@@ -210,10 +267,12 @@ class Algorithm:
 
     def eval_weights(self, state: Tensors, client_state: Tensors) -> Weights | None:
         """The weights a client's local test split is scored with: the aggregate model's, or
-        (personalised methods) the client's own, None while it has none."""
+        (personalised methods) the client's own, and for a client that has not trained yet
+        the weights it would start from (``local_start`` of this state's broadcast)."""
         if self.personalized:
-            return ({"params": client_state["params"], "buffers": client_state["buffers"]}
-                    if "params" in client_state else None)
+            if "params" in client_state:
+                return {"params": client_state["params"], "buffers": client_state["buffers"]}
+            return self.local_start(self.broadcast(state), client_state)
         return self.global_weights(state)
 
     # ---- client side ----
@@ -233,6 +292,19 @@ class Algorithm:
         _, logits = forward(model, params, buffers, x)
         return weighted_mean(tasks.per_sample_cross_entropy(logits, y), w)
 
+    def loss_and_stats(self, model: ProtoNet, params: Tensors, buffers: Tensors,
+                       x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, ctx: Tensors
+                       ) -> tuple[torch.Tensor, Tensors]:
+        """The loss and statistics of the same forward pass (what the trainers call).
+
+        Statistics are a dict of tensors, each a sum over the batch's rows weighted by ``w``
+        (padding rows count 0), so they add up across batches. The trainers sum them over
+        the client's last pass (the last local epoch; with ``local_steps`` the last
+        ``ceil(epoch length / batch size)`` steps) and pass the sums to ``client_end`` as
+        ``stats=``: an algorithm that returns statistics accepts that keyword. Default: the
+        loss and no statistics."""
+        return self.loss(model, params, buffers, x, y, w, ctx), {}
+
     def client_end(self, model: ProtoNet, params: Tensors, buffers: Tensors, broadcast: Tensors,
                    ctx: Tensors, client_state: Tensors, x: torch.Tensor, y: torch.Tensor
                    ) -> tuple[Tensors, Tensors]:
@@ -245,10 +317,17 @@ class Algorithm:
     def upload_spec(self) -> dict[str, UploadEntry]:
         """Every tensor a valid upload holds, by flattened key (validates client replies)."""
         params, buffers = split_state(self.model)
-        spec = {f"params.{k}": UploadEntry(tuple(v.shape)) for k, v in params.items()}
-        spec.update({f"buffers.{k}": UploadEntry(tuple(v.shape)) for k, v in buffers.items()})
-        spec["num_samples"] = UploadEntry((), count=True)
+        spec = {f"params.{k}": UploadEntry(tuple(v.shape), kind="weights")
+                for k, v in params.items()}
+        spec.update({f"buffers.{k}": UploadEntry(tuple(v.shape), kind="weights")
+                     for k, v in buffers.items()})
+        spec["num_samples"] = UploadEntry((), count=True, kind="size")
         return spec
+
+    def client_weights(self, upload: Tensors) -> Weights | None:
+        """The weights of the model a client trained, as its upload holds them (FFD and other
+        feature analyses); None when uploads hold no weights (personalised methods)."""
+        return {"params": upload["params"], "buffers": upload["buffers"]}
 
     def prototypes(self, upload: Tensors, x: torch.Tensor, y: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,7 +36,10 @@ class FedProx(Algorithm):
     name = "fedprox"
     description = "FedProx (Li et al.): local loss + mu/2 ||W - W^t||^2; partial work tolerated"
     Options = ProxOptions
-    client_defaults = {"tolerate_partial": True}
+    client_defaults = {"tolerate_partial": True, "batch_size": 10, "local_epochs": 20}
+    client_defaults_source = ("Li et al. 2020 (experimental details): stragglers' partial work "
+                              "aggregated, batch 10, E = 20 (the learning rate is tuned per "
+                              "dataset, so none is set)")
     tasks = TASKS
 
     def client_begin(self, model, broadcast, client_state, x, y) -> ProxContext:
@@ -57,6 +60,7 @@ class FedAtt(Algorithm):
     description = "FedAtt (Ji et al.): per-layer softmax attention over ||w - w_k||, step epsilon"
     Options = AttOptions
     tasks = TASKS
+    needs_individual = "its attention is a softmax over each client's distance to the model"
 
     def aggregate(self, state, uploads, round):
         new, diag = super().aggregate(state, uploads, round)  # buffers (if any) by FedAvg

@@ -19,17 +19,24 @@ Client loss ``L = L_task + lambda_FD L_FD + lambda_PC L_PC``:
   after its previous participation, both fixed); off until the client has ``P^prev``.
   Option: the MOON-style InfoNCE form with cosine similarity and a temperature.
 
-Influence ``I_k[c, m]`` (how many local samples have ``(c, m)`` as nearest prototype) is
-counted in ``client_end`` over the client's whole training set with the final local weights
-(one pass equal to a last epoch without augmentation or resampling; counting inside the
-functional loss is not possible). Server: the encoder by FedAvg (``n_k``); each prototype by
-``sum_k I_k P_k / sum_k I_k``, keeping the previous global prototype where no client hit it
-(normalized influence aggregation, NIA). Local epochs are class-balanced (sample weight
-``1 / (C_local n_y)``, with replacement, ``max_c n_c * C_local`` draws) and images of class c
-are augmented with probability ``1 - n_c / n_max``.
+Influence ``I_k[c, m]``: how many local samples have ``(c, m)`` as nearest prototype (over all
+classes), counted over the client's last local epoch as trained (``influence: last_epoch``):
+the class-balanced, resampled, augmented batches, each with the weights of its own forward
+pass (``loss_and_stats`` returns the counts; the trainers sum them over the last pass, which
+with ``local_steps`` is the last ``ceil(epoch length / batch size)`` steps). ``influence:
+final`` counts instead every training sample once, unaugmented, with the final local weights
+(protofl 0.1.0), which weights a client's prototype of class c by about ``n_{k,c}`` rather
+than by the balanced epoch's draws.
+
+Server: the encoder by FedAvg (``n_k``); each prototype by ``sum_k I_k P_k / sum_k I_k``,
+keeping the previous global prototype where no client hit it (normalized influence
+aggregation, NIA). Local epochs are class-balanced (sample weight ``1 / (C_local n_y)``, with
+replacement, ``max_c n_c * C_local`` draws) and images of class c are augmented with
+probability ``1 - n_c / n_max``.
 
 Ablations: ``fdl: false``, ``pcl: false``, ``nia: false`` (FedAvg on the prototypes), and
-all three off. The paper trains with Adam, lr 1e-4 (set ``clients.optimizer``/``clients.lr``).
+all three off. Local training defaults to the paper's Adam, lr 1e-4, batch 128, E = 5
+(``client_defaults``; a config's ``clients.*`` keys win).
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ from protofl.algorithms.prototype_math import EPS
 from protofl.config import option
 from protofl.data.augment import AugmentSpec, adaptive_augment
 from protofl.data.pipeline import ClientPipeline, class_balanced, shuffled
+from protofl.errors import ProtoflError
 from protofl.models.nets import ProtoNet
 
 
@@ -80,6 +88,9 @@ class ProInOptions:
     balanced_sampling: bool = option(True, "class-balanced local epochs")
     adaptive_augment: bool = option(True, "augment class c with probability 1 - n_c / n_max")
     flips: bool = option(True, "random flips in the augmentation (off for digits/letters)")
+    influence: str = option("last_epoch", "influence counts over the last local epoch as "
+                                          "trained, or every sample once with the final weights",
+                            choices=("last_epoch", "final"))
 
 
 class ProInContext(TypedDict):
@@ -184,6 +195,9 @@ class FedProIn(Algorithm):
     description = ("fedproin (Kumar et al. 2026): learnable prototypes, feature-divergence and "
                    "prototype-contrastive losses, influence-weighted prototype aggregation")
     Options = ProInOptions
+    client_defaults = {"optimizer": "adam", "lr": 1e-4, "batch_size": 128, "local_epochs": 5}
+    client_defaults_source = ("Kumar, Garg & Sundaresan 2026, the reference protocol (as read "
+                              "from the authors' code): Adam, lr 1e-4, batch 128, E = 5")
 
     def wrap_model(self, model: ProtoNet) -> PrototypeModel:
         """The encoder with this algorithm's prototypes (the same module on every call)."""
@@ -217,8 +231,11 @@ class FedProIn(Algorithm):
 
     def upload_spec(self):
         spec = super().upload_spec()
-        spec["influence"] = UploadEntry((self.num_classes, self.opts.prototypes_per_class),
-                                        count=True)
+        c, m = self.num_classes, self.opts.prototypes_per_class
+        spec["influence"] = UploadEntry((c, m), count=True, kind="counts")
+        if self.opts.nia:  # the prototypes are averaged by influence, not with the encoder
+            spec["params.prototypes"] = UploadEntry((c, m, self.model.feature_dim),
+                                                    kind="prototypes", weighed_by="influence")
         return spec
 
     # ---- client ----
@@ -234,10 +251,25 @@ class FedProIn(Algorithm):
         }
 
     def loss(self, model, params, buffers, x, y, w, ctx):
+        return self.objective(model, params, buffers, x, y, w, ctx)[0]
+
+    def loss_and_stats(self, model, params, buffers, x, y, w, ctx):
+        """The loss and, with ``influence: last_epoch``, this batch's nearest-prototype
+        counts under the weights of this step (``{"influence": (C, M)}``)."""
+        total, dist = self.objective(model, params, buffers, x, y, w, ctx)
+        if self.opts.influence != "last_epoch":
+            return total, {}
+        return total, {"influence": prototype_math.nearest_hits(dist.detach(), w)}
+
+    def objective(self, model, params, buffers, x, y, w, ctx
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``L = L_task + lambda_FD L_FD + lambda_PC L_PC`` and the distances ``(B, C, M)``
+        of the batch to every prototype."""
         opts = self.opts
         z, _ = forward(model, params, buffers, x)
         protos = params["prototypes"]
-        d_plus, d_minus = nearest_distances(prototype_distances(z, protos), y)
+        dist = prototype_distances(z, protos)
+        d_plus, d_minus = nearest_distances(dist, y)
         if opts.task == "hinge":
             per_sample = hinge_loss(d_plus, d_minus, opts.hinge_margin)
         else:
@@ -255,13 +287,23 @@ class FedProIn(Algorithm):
             else:
                 pc = prototype_contrast_margin(protos, p_g, p_prev, opts.pcl_margin)
             total = total + opts.lambda_pc * ctx["has_prev"].to(pc.dtype) * pc
-        return total
+        return total, dist
 
-    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y):
+    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y,
+                   stats=None):
+        """The upload; ``stats["influence"]`` are the last epoch's counts (summed by the
+        trainer), or with ``influence: final`` the counts are taken here."""
         up, _ = super().client_end(model, params, buffers, broadcast, ctx, client_state, x, y)
         protos = params["prototypes"].detach()
-        z = features(model, params, buffers, x)
-        up["influence"] = prototype_math.nearest_prototype_counts(z.to(protos.dtype), protos)
+        if self.opts.influence == "last_epoch":
+            if not stats or "influence" not in stats:
+                raise ProtoflError("fedproin: influence: last_epoch needs the trainer's "
+                                   "last-epoch counts (client_end(..., stats=...))")
+            up["influence"] = stats["influence"].to(protos.dtype)
+        else:
+            z = features(model, params, buffers, x)
+            up["influence"] = prototype_math.nearest_prototype_counts(z.to(protos.dtype),
+                                                                      protos)
         state: ProInClientState = {"prev_prototypes": protos.clone()}
         return up, dict(state)
 

@@ -120,9 +120,13 @@ class FedProto(Algorithm):
         return dict(up), dict(own)
 
     def upload_spec(self):
-        return {"protos": UploadEntry((self.num_classes, self.model.feature_dim)),
-                "counts": UploadEntry((self.num_classes,), count=True),
-                "num_samples": UploadEntry((), count=True)}
+        return {"protos": UploadEntry((self.num_classes, self.model.feature_dim),
+                                      kind="prototypes", weighed_by="counts"),
+                "counts": UploadEntry((self.num_classes,), count=True, kind="presence"),
+                "num_samples": UploadEntry((), count=True, kind="size")}
+
+    def client_weights(self, upload):
+        return None  # clients upload prototypes only
 
     def prototypes(self, upload, x, y):
         return upload["protos"], upload["counts"]

@@ -107,6 +107,12 @@ class FedTGP(FedProto):
     description = ("FedTGP (Zhang et al. 2024): personalised models, CE + lambda MSE to "
                    "server-trained global prototypes (adaptive-margin contrastive loss)")
     Options = FedTGPOptions
+    client_defaults = {"optimizer": "sgd", "lr": 0.01, "batch_size": 10, "local_epochs": 1}
+    client_defaults_source = ("Zhang et al. 2024 (the authors' run script): SGD, lr 0.01, "
+                              "batch 10, E = 1")
+    needs_individual = "its server trains the prototype generator on every client's prototypes"
+    private_fallback = ("under DP the generator trains on the noised mean prototype of each "
+                        "class instead (one row per class)")
 
     def init_state(self, model) -> FedTGPState:
         state = super().init_state(model)
@@ -121,6 +127,8 @@ class FedTGP(FedProto):
         protos = torch.stack([u["protos"] for u in uploads])  # (K, C, d)
         holds = torch.stack([u["counts"] for u in uploads]) > 0  # (K, C)
         present = holds.any(0)
+        if not present.any():  # no prototype to train on (e.g. all below a DP threshold)
+            return dict(state), {"classes": holds.sum(0).tolist()}
         q = prototype_math.aggregate_prototypes(protos, holds.to(protos.dtype),
                                                 torch.zeros_like(protos[0]))
         delta = adaptive_margin(q, present, self.opts.margin_cap)

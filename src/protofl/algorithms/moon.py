@@ -4,12 +4,16 @@ Local loss ``CE + mu * l_con`` with, per sample,
 ``l_con = -log(e^{cos(h, h_g)/tau} / (e^{cos(h, h_g)/tau} + e^{cos(h, h_prev)/tau}))``,
 where ``h`` is the projection-head output of the model being trained, ``h_g`` that of the
 received global model (frozen) and ``h_prev`` that of this client's model after its previous
-participation (the global model on a first participation, as MOON does). The projection head
-(a 2-layer MLP on the features z) is added to the model by ``wrap_model`` and is averaged with
-the rest of the weights (FedAvg aggregation). The classifier stays the model's own head on z
-(MOON's reference network puts its classifier after the projection; here the projection is a
-side branch so that z, the prototypes and every other metric mean the same as for the other
-algorithms).
+participation (the global model on a first participation, as MOON does). Every weight,
+projection head included, is averaged by FedAvg.
+
+The network (``head``): ``paper`` (default) is MOON's, encoder -> projection head (a 2-layer
+MLP, ``Linear(d, d) - ReLU - Linear(d, proj_dim)``) -> classifier ``Linear(proj_dim, C)``
+(:class:`MoonNet`; the plain model's own classifier is left unused); ``side`` keeps the
+model's classifier on the encoder output z and hangs the projection head beside it, used only
+by the contrastive term (protofl 0.1.0). In both, the features protofl's metrics read
+(prototypes, AMM, FFD, t-SNE) are the encoder's output z, the layer shared by every
+algorithm, and not the projection h (which lives in the contrastive loss's space).
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ class MoonOptions:
     mu: float = option(1.0, "weight of the contrastive term (mu = 0 is FedAvg)", ge=0)
     tau: float = option(0.5, "temperature", gt=0)
     proj_dim: int = option(256, "output size of the projection head", ge=1)
+    head: str = option("paper", "network: encoder -> projection -> classifier (paper), or the "
+                                "classifier on z with the projection beside it (side)",
+                       choices=("paper", "side"))
 
 
 class MoonContext(TypedDict):
@@ -43,6 +50,30 @@ class MoonContext(TypedDict):
 
 class MoonClientState(TypedDict):
     prev: Weights
+
+
+def projection_head(d: int, out: int) -> nn.Sequential:
+    """MOON's projection head ``Linear(d, d) - ReLU - Linear(d, out)``."""
+    return nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, out))
+
+
+class MoonNet(ProtoNet):
+    """MOON's network around an encoder: ``encode(x)`` is the encoder's z, ``head(z)`` is
+    ``classifier(projection(z))``. Parameters: ``backbone.*``, ``projection.*``,
+    ``classifier.*``."""
+
+    def __init__(self, backbone: ProtoNet, num_classes: int, proj_dim: int):
+        super().__init__()
+        self.backbone = backbone
+        self.feature_dim = backbone.feature_dim
+        self.projection = projection_head(backbone.feature_dim, proj_dim)
+        self.classifier = nn.Linear(proj_dim, num_classes)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backbone.encode(x)
+
+    def head(self, z: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.projection(z))
 
 
 def contrastive_term(h: torch.Tensor, h_glob: torch.Tensor, h_prev: torch.Tensor,
@@ -77,14 +108,25 @@ class Moon(Algorithm):
     description = ("MOON (Li et al. 2021): CE + mu * model-contrastive loss on a projection "
                    "head (global model positive, previous local model negative); FedAvg")
     Options = MoonOptions
+    client_defaults = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-5,
+                       "batch_size": 64, "local_epochs": 10}
+    client_defaults_source = ("Li, He & Song 2021 (experimental setup; the authors' code "
+                              "agrees): SGD, lr 0.01, momentum 0.9, weight decay 1e-5, "
+                              "batch 64, E = 10")
 
     def wrap_model(self, model: ProtoNet) -> ProtoNet:
-        """Add the projection head ``Linear(d, d) - ReLU - Linear(d, proj_dim)`` (once)."""
-        if not hasattr(model, HEAD):
-            d = model.feature_dim
-            model.add_module(HEAD, nn.Sequential(nn.Linear(d, d), nn.ReLU(),
-                                                 nn.Linear(d, self.opts.proj_dim)))
-        return model
+        """``paper``: the encoder inside a :class:`MoonNet` (the same module on every call);
+        ``side``: the model with a projection head added beside its classifier (once)."""
+        if self.opts.head == "side":
+            if not hasattr(model, HEAD):
+                model.add_module(HEAD, projection_head(model.feature_dim, self.opts.proj_dim))
+            return model
+        current = getattr(self, "model", None)
+        if isinstance(current, MoonNet) and model in (current, current.backbone):
+            return current
+        if isinstance(model, MoonNet):
+            return model
+        return MoonNet(model, self.num_classes, self.opts.proj_dim)
 
     def client_begin(self, model, broadcast, client_state, x, y) -> MoonContext:
         prev = client_state.get("prev", broadcast)

@@ -99,5 +99,14 @@ def nearest_prototype_counts(z: torch.Tensor, protos: torch.Tensor) -> torch.Ten
     """Influence: how many rows of ``z (n, d)`` have each ``(c, m)`` of ``protos (C, M, d)`` as
     their nearest prototype over all classes; returns ``(C, M)``."""
     c, m, d = protos.shape
-    nearest = pairwise_distance(z, protos.reshape(c * m, d)).argmin(dim=1)
-    return torch.bincount(nearest, minlength=c * m).reshape(c, m).to(z.dtype)
+    dist = pairwise_distance(z, protos.reshape(c * m, d)).reshape(len(z), c, m)
+    return nearest_hits(dist, torch.ones(len(z), dtype=z.dtype, device=z.device))
+
+
+def nearest_hits(dist: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``sum_i w_i [argmin_{c,m} dist[i, c, m] = (c, m)]`` for ``dist (n, C, M)``: weighted
+    nearest-prototype counts ``(C, M)`` (vmap-able: no bincount)."""
+    n, c, m = dist.shape
+    nearest = dist.reshape(n, c * m).argmin(dim=1)
+    hits = (nearest.unsqueeze(1) == torch.arange(c * m, device=dist.device)).to(w.dtype)
+    return (hits * w.unsqueeze(1)).sum(0).reshape(c, m)

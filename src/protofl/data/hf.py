@@ -31,7 +31,7 @@ GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")
 
 @dataclass(frozen=True)
 class HFOptions:
-    """What to load; each field becomes a ``data.hf_*`` config key in phase 2."""
+    """What to load: the ``data.hf_*`` config keys (``dataset`` falls back to data.root)."""
 
     dataset: str  # Hub id, save_to_disk folder, or folder of data files
     subset: str | None = None  # the Hub dataset's configuration name
@@ -44,14 +44,13 @@ class HFOptions:
 
 
 def options_from_config(cfg: Any) -> HFOptions:
-    """Options from a DataConfig: its ``hf_*`` fields where it has them (phase 2), else
-    ``data.root`` as the dataset and everything else detected."""
-    dataset = getattr(cfg, "hf_dataset", None) or cfg.root
+    """Options from a DataConfig: its ``hf_*`` keys, with ``data.root`` as the dataset when
+    ``hf_dataset`` is null."""
+    dataset = cfg.hf_dataset or cfg.root
     if not dataset:
         raise ProtoflError("data.name hf needs a dataset: set data.root to a Hugging Face "
                            "dataset id (e.g. flwrlabs/fed-isic2019) or a local folder")
-    kw = {f: getattr(cfg, f"hf_{f}") for f in HFOptions.__dataclass_fields__
-          if f != "dataset" and hasattr(cfg, f"hf_{f}")}
+    kw = {f: getattr(cfg, f"hf_{f}") for f in HFOptions.__dataclass_fields__ if f != "dataset"}
     return HFOptions(dataset=str(dataset), **kw)
 
 

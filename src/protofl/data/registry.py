@@ -59,6 +59,12 @@ DATASETS: dict[str, DatasetSpec] = {
     "voc_macro": DatasetSpec("protofl.data.voc:voc_macro_federation", "resnet18",
                              "Pascal VOC 2012 single-class images, the seed's macro classes",
                              partition="dirichlet_powerlaw"),
+    "imagefolder": DatasetSpec("protofl.data.imagefolder:imagefolder_federation", "resnet18",
+                               "a folder of images per class (optionally train/ and test/)",
+                               partition="dirichlet"),
+    "site": DatasetSpec("protofl.data.site:server_federation", "resnet18",
+                        "a cross-silo Flower federation: each SuperNode trains on its own "
+                        "files (docs/flower.md)", needs_files=False),
     "hf": DatasetSpec("protofl.data.hf:hf_federation_from_config", "resnet18",
                       "a Hugging Face image dataset via flwr-datasets (data.root = its id or "
                       "a local folder; needs the 'hf' extra)"),

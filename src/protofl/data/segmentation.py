@@ -12,9 +12,9 @@ background (void ignored). Labels are the 21 VOC classes (0 = background) or the
 macro classes (background, person, vehicles, household, animals). Images are resized
 bilinearly and masks by nearest neighbour to ``data.image_size`` (default 128) and stored as
 uint8 ``(N, 3, S, S)`` and ``(N, S, S)`` (255 kept); ``FederatedData.inputs`` standardises
-the images a batch at a time with the ImageNet channel statistics. Training images are partitioned with
-``dirichlet_powerlaw`` over their object class (Dirichlet ``data.alpha``, power-law sizes
-``data.gamma`` = 3); the val list is the global test set.
+the images a batch at a time with the ImageNet channel statistics. Training images are
+partitioned with ``dirichlet_powerlaw`` over their object class (Dirichlet ``data.alpha``,
+power-law sizes ``data.gamma`` = 3); the val list is the global test set.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Synthetic(alpha, beta), the FedProx recipe, as specified in ALGORITHMS.md."""
+"""Synthetic(alpha, beta), the FedProx recipe (stated in docs/datasets.md)."""
 
 from __future__ import annotations
 

@@ -29,9 +29,10 @@ import numpy as np
 import torch
 
 from protofl.algorithms import prototype_math
-from protofl.engine import runfolder
+from protofl.engine import reference, runfolder
 from protofl.errors import ProtoflError
 from protofl.metrics import federated as fm
+from protofl.metrics.mmd import mean_client_mmd
 from protofl.seeding import PROBE, np_rng
 
 if TYPE_CHECKING:
@@ -73,25 +74,35 @@ class Callback:
 
 class Amm(Callback):
     """The aggregate mean margin: SPM of each client's prototypes against the count-weighted
-    aggregate of the prototypes seen so far (``metrics.amm``)."""
+    aggregate of the prototypes seen so far, over the classes some client has reported
+    (``metrics.amm``). A client whose prototypes count
+    no sample is left out: its upload holds none and its data are not here (a Flower site),
+    so an algorithm that uploads weights only has no AMM in site mode."""
 
     def __init__(self) -> None:
         self.reference: torch.Tensor | None = None  # aggregate prototypes (C, d)
+        self.reported: torch.Tensor | None = None  # (C,) classes some client has reported
 
     def after_aggregate(self, exp, record, results):
-        if not exp.cfg.metrics.amm or not results:
-            return
+        if not exp.cfg.metrics.amm or not results or not exp.individual:
+            return  # (contributions to a sum hold no one client's prototypes)
         pairs = [exp.alg.prototypes(r.upload, *exp.client_inputs(r.client)) for r in results]
+        pairs = [(p, n) for p, n in pairs if bool((n > 0).any())]
+        if not pairs:
+            return
         protos, counts = torch.stack([p for p, _ in pairs]), torch.stack([n for _, n in pairs])
         previous = self.reference if self.reference is not None else torch.zeros_like(protos[0])
         self.reference = prototype_math.aggregate_prototypes(protos, counts, previous)
-        record["amm"] = fm.aggregate_mean_margin(protos, counts, self.reference)
+        seen = (counts > 0).any(0)
+        self.reported = seen if self.reported is None else self.reported | seen
+        record["amm"] = fm.aggregate_mean_margin(protos, counts, self.reference, self.reported)
 
     def state_dict(self):
-        return {} if self.reference is None else {"reference": self.reference}
+        return {} if self.reference is None else {"reference": self.reference,
+                                                  "reported": self.reported}
 
     def load_state_dict(self, state):
-        self.reference = state.get("reference")
+        self.reference, self.reported = state.get("reference"), state.get("reported")
 
 
 class TestMetrics(Callback):
@@ -113,21 +124,23 @@ class TestMetrics(Callback):
 
 class TrainLoss(Callback):
     """Cross-entropy of the aggregate model on (a seeded sample of) all training data
-    (``metrics.train_loss_samples``; 0: off)."""
+    (``metrics.train_loss_samples``; 0: off; none where the training data are not, as on a
+    Flower site federation's server)."""
 
     def on_evaluate(self, exp, record):
         n = exp.cfg.metrics.train_loss_samples
-        if n and exp.alg.global_weights(exp.state) is not None:
+        if n and len(exp.data.y_train) and exp.alg.global_weights(exp.state) is not None:
             record["train_loss"] = fm.train_loss(exp.alg, exp.alg.model, exp.state, exp.data, n,
                                                  exp.cfg.seed, exp.cfg.metrics.eval_batch)
 
 
 class Dissimilarity(Callback):
     """Gradient dissimilarity of the aggregate model over a fixed seeded sample of clients
-    (``metrics.dissimilarity_clients``; 0: off)."""
+    (``metrics.dissimilarity_clients``; 0: off; none where the training data are not)."""
 
     def on_evaluate(self, exp, record):
         n = min(exp.cfg.metrics.dissimilarity_clients, exp.data.num_clients)
+        n = n if len(exp.data.y_train) else 0
         weights = exp.alg.global_weights(exp.state)
         if n and weights is not None:
             probe = np.sort(np_rng(exp.cfg.seed, PROBE).choice(exp.data.num_clients, n,
@@ -136,9 +149,45 @@ class Dissimilarity(Callback):
                 exp.alg.model, weights["params"], weights["buffers"], exp.data, probe)
 
 
+class FeatureFidelity(Callback):
+    """``mmd``: on evaluated rounds, MMD² between the features of each active client's model
+    and those of the reference run's model of the same round (``metrics.ffd_reference``), on
+    a fixed probe of the global test set, averaged over the round's clients. A client's model
+    is its upload's weights (``Algorithm.client_weights``), or for personalised methods the
+    model it keeps. ``protofl compare`` turns ``mmd`` into FFD against fedavg."""
+
+    def __init__(self) -> None:
+        self.ref: reference.Reference | None = None
+        self.probe: torch.Tensor | None = None
+
+    def on_run_start(self, exp):
+        m = exp.cfg.metrics
+        if m.ffd_reference:
+            self.ref = reference.Reference(Path(m.ffd_reference), exp.cfg, exp.alg.model,
+                                           exp.data)
+            self.probe = reference.probe(exp.data, m.ffd_probe, exp.cfg.data.seed)
+
+    def after_aggregate(self, exp, record, results):
+        if self.ref is None or not results or not exp.evaluating(record["round"]):
+            return
+        alg, m = exp.alg, exp.cfg.metrics
+        models = []
+        for r in results:
+            w = alg.client_weights(r.upload)
+            if w is None:
+                w = alg.eval_weights(exp.state, exp.client_states.get(r.client, {}))
+            if w is not None:
+                models.append((w["params"], w["buffers"]))
+        if models:
+            ref = self.ref.weights(record["round"])
+            record["mmd"] = mean_client_mmd(
+                alg.model, models, (self.ref.model, ref["params"], ref["buffers"]),
+                self.probe, m.ffd_estimator, m.ffd_rows, m.eval_batch)
+
+
 def metric_callbacks() -> list[Callback]:
     """The per-round metrics every run logs (each switched by its ``metrics.*`` key)."""
-    return [Amm(), TestMetrics(), TrainLoss(), Dissimilarity()]
+    return [Amm(), TestMetrics(), TrainLoss(), Dissimilarity(), FeatureFidelity()]
 
 
 # ---- run folder and progress ----
@@ -162,11 +211,31 @@ class RunFolder(Callback):
     def on_round_end(self, exp, record):
         if exp.evaluating(record["round"]):
             runfolder.append_metrics(self.out, record)
-        if runfolder.should_checkpoint(exp.round, exp.cfg.checkpoint_every, exp.cfg.rounds):
+        last = exp.round if exp.stopped else exp.cfg.rounds
+        if runfolder.should_checkpoint(exp.round, exp.cfg.checkpoint_every, last):
             runfolder.save_checkpoint(self.out, exp.snapshot())
 
     def on_run_end(self, exp, summary):
         runfolder.write_json(self.out / runfolder.SUMMARY, summary)
+
+
+class SaveWeights(Callback):
+    """With ``metrics.save_weights``, the aggregate weights of every round in
+    ``out/weights/round_NNNN.safetensors`` (a reference for FFD: ``engine/reference.py``). A
+    fresh run first removes the round files a replaced run left there. Comes after
+    :class:`RunFolder`."""
+
+    def __init__(self, out: Path):
+        self.out = Path(out)
+
+    def on_run_start(self, exp):
+        if exp.round == 0:
+            reference.clear_weights(self.out)
+
+    def on_round_end(self, exp, record):
+        if exp.cfg.metrics.save_weights:
+            reference.save_weights(reference.weights_path(self.out, record["round"]),
+                                   exp.alg.global_weights(exp.state))
 
 
 class Progress(Callback):
@@ -197,7 +266,10 @@ def load_callback(path: str) -> Callback:
         cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError, ValueError) as e:
         raise ProtoflError(f"config: callbacks: cannot import {path!r} ({e})") from None
-    cb = cls()
-    if not isinstance(cb, Callback):
+    if not (isinstance(cls, type) and issubclass(cls, Callback)):
         raise ProtoflError(f"config: callbacks: {path!r} is not a protofl Callback")
-    return cb
+    try:
+        return cls()
+    except TypeError as e:  # it needs arguments
+        raise ProtoflError(f"config: callbacks: {path!r} cannot be built with no arguments "
+                           f"({e})") from None

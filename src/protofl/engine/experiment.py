@@ -16,9 +16,11 @@ import torch
 from protofl.algorithms.base import validate_upload
 from protofl.algorithms.registry import ALGORITHMS, algorithm_class, make_algorithm
 from protofl.config import Config, resolve_defaults
+from protofl.data.federated import FederatedData
 from protofl.data.pipeline import augmentation
 from protofl.data.registry import dataset_spec, dataset_task, load_dataset
 from protofl.engine.callbacks import Callback, load_callback, metric_callbacks
+from protofl.engine.private import PrivateRounds, dp_on
 from protofl.engine.schedule import (
     SAMPLE,
     STRAGGLE,
@@ -71,19 +73,21 @@ class Experiment:
     ``cfg`` becomes the resolved config (``self.cfg``: every default filled in, the
     algorithm's options and paper defaults, the model and client count). ``trainer`` replaces
     the one ``cfg.trainer`` names; ``callbacks`` replaces the default metric callbacks (the
-    config's ``callbacks`` are added either way). ``data`` is the federation (the metrics
+    config's ``callbacks`` are added either way); the ``data`` argument replaces the federation
+    ``cfg.data`` names (a Flower site's own files). ``self.data`` is the federation (the metrics
     score its clients); ``train_data`` is what clients train on: the same, or for the
     centralized baseline the federation pooled into one client, which then takes a federated
     round's expected SGD steps each round.
     """
 
     def __init__(self, cfg: Config, *, trainer: Trainer | None = None,
-                 callbacks: list[Callback] | None = None):
+                 callbacks: list[Callback] | None = None, data: FederatedData | None = None):
         spec = dataset_spec(cfg.data.name)
         task = check_task(cfg)  # before anything is loaded
         model_name = cfg.model.name if cfg.model.name != "auto" else spec.model
         model_cfg = resolve_model_config(model_name, cfg.model, spec.model_options)
-        self.data = data = load_dataset(cfg.data, lean=True)  # rows as stored (e.g. uint8)
+        self.data = data = data if data is not None else load_dataset(
+            cfg.data, lean=True)  # rows as stored (e.g. uint8)
         torch.manual_seed(cfg.seed)
         model = build_model(model_name, data.input_shape, data.num_classes, model_cfg)
         self.alg = make_algorithm(cfg.algorithm, cfg.algo, model, data.num_classes)
@@ -93,13 +97,17 @@ class Experiment:
         if augment != "none" and len(data.input_shape) != 3:
             raise ProtoflError(f"config: data.augment = {augment} needs images (C, H, W); "
                                f"{data.name} rows are {data.input_shape}")
+        defaults = dict(self.alg.client_defaults)
+        if dp_on(cfg) and cfg.clients.sampling is None:
+            defaults["sampling"] = "uniform"  # DP cannot account for size-weighted sampling
         self.cfg = cfg = dataclasses.replace(
             cfg, algorithm=self.alg.name, algo=self.alg.options(), threads=threads, task=task,
             data=dataclasses.replace(cfg.data, num_clients=data.num_clients,
                                      partition=cfg.data.partition or spec.partition,
                                      augment=augment),
             model=dataclasses.replace(model_cfg, name=model_name),
-            clients=resolve_defaults(cfg.clients, self.alg.client_defaults))
+            clients=resolve_defaults(cfg.clients, defaults),
+            metrics=resolve_defaults(cfg.metrics, {"save_weights": self.alg.centralized}))
         c = cfg.clients
         if c.per_round > data.num_clients:
             raise ProtoflError(f"config: clients.per_round = {c.per_round} exceeds the "
@@ -113,8 +121,13 @@ class Experiment:
                 c, per_round=1, local_steps=budget, stragglers=0.0))
             c = cfg.clients
         self.state = self.alg.init_state(self.alg.model)
+        if cfg.metrics.save_weights and self.alg.global_weights(self.state) is None:
+            raise ProtoflError(f"config: metrics.save_weights: {self.alg.name} has no "
+                               "aggregate model to save (each client keeps its own)")
+        self.private = PrivateRounds.build(cfg, self.alg, data.num_clients, self.state)
         self.client_states: dict[int, dict] = {}
         self.round = 0
+        self.stopped = ""  # why the run ended before cfg.rounds (the privacy budget)
         self.elapsed = 0.0
         self.last: dict = {}  # the last evaluated round's record
         self.setup = LocalSetup(c.batch_size, c.local_steps is not None, c.optimizer, c.lr,
@@ -128,8 +141,15 @@ class Experiment:
         x, y = self.train_data.client_train(k)
         return self.train_data.inputs(x), y
 
+    @property
+    def individual(self) -> bool:
+        """Whether the round's results are the clients' own uploads (not contributions to a
+        sum: client-side DP noise, secure aggregation)."""
+        return self.private is None or not self.private.from_clients
+
     def evaluating(self, round: int) -> bool:
-        return round % self.cfg.eval_every == 0 or round == self.cfg.rounds
+        return (round % self.cfg.eval_every == 0 or round == self.cfg.rounds
+                or bool(self.stopped))
 
     # ---- one round ----
     def step(self) -> dict:
@@ -141,7 +161,8 @@ class Experiment:
         jobs = assign_work(active, c.local_steps or c.local_epochs, c.stragglers,
                            c.tolerate_partial, np_rng(cfg.seed, STRAGGLE, t))
         rc = RoundContext(self.alg, self.alg.broadcast(self.state), jobs, data,
-                          self.client_states, self.setup, t)
+                          self.client_states, self.setup, t,
+                          None if self.individual else self.private.client_hook)
         trained = self.trainer.train(rc)
         results, rejected = self.screen(trained, t)
         if trained and all(not math.isfinite(r.loss) for r in trained):
@@ -156,7 +177,9 @@ class Experiment:
             if r.state:
                 self.client_states[r.client] = r.state
         if results:
-            self.state, diag = self.alg.aggregate(self.state, [r.upload for r in results], t)
+            uploads = [r.upload for r in results]
+            self.state, diag = (self.alg.aggregate(self.state, uploads, t) if self.private is None
+                                else self.private.aggregate(self.state, rc.broadcast, uploads, t))
             if not all(torch.isfinite(v).all() for v in flatten(self.state).values()
                        if isinstance(v, torch.Tensor) and v.is_floating_point()):
                 raise Diverged(f"round {t}: the global model became NaN/Inf from finite "
@@ -164,6 +187,10 @@ class Experiment:
                                "checkpoint); lower clients.lr")
             record.update(diag)
             record["client_loss"] = float(np.mean([r.loss for r in results]))
+        if self.private is not None and self.private.dp:
+            record["epsilon"] = self.private.epsilon()
+            if t < cfg.rounds and not self.private.allows(t + 1):
+                self.stopped = "privacy budget"
         for cb in self.callbacks:
             cb.after_aggregate(self, record, results)
         self.round = t
@@ -181,7 +208,7 @@ class Experiment:
         """The results fit to aggregate, and the clients left out (logged): a non-finite
         training loss, or an upload that fails ``validate_upload`` (missing or misshapen
         entries, NaN/Inf, negative counts)."""
-        spec = self.alg.upload_spec()
+        spec = self.alg.upload_spec() if self.private is None else self.private.spec()
         kept, rejected = [], []
         for r in results:
             try:
@@ -199,7 +226,8 @@ class Experiment:
     def snapshot(self) -> dict:
         return {"round": self.round, "state": self.state, "client_states": self.client_states,
                 "elapsed": self.elapsed, "last": self.last, "torch_rng": torch.get_rng_state(),
-                "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks}}
+                "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks},
+                "privacy": self.private.state_dict() if self.private else {}}
 
     def restore(self, snap: dict) -> None:
         self.round, self.state = snap["round"], snap["state"]
@@ -208,13 +236,18 @@ class Experiment:
         torch.set_rng_state(snap["torch_rng"])
         for cb in self.callbacks:
             cb.load_state_dict(snap.get("callbacks", {}).get(cb.name, {}))
+        if self.private is not None:
+            self.private.load_state_dict(snap.get("privacy", {}))
 
     # ---- the whole run ----
     def run(self) -> dict:
         """Rounds up to ``cfg.rounds`` (from where a restored run stopped); the summary."""
         for cb in self.callbacks:
             cb.on_run_start(self)
-        while self.round < self.cfg.rounds:
+        if (self.private is not None and self.round < self.cfg.rounds
+                and not self.private.allows(self.round + 1)):
+            self.stopped = "privacy budget"  # a resumed run that had reached it
+        while self.round < self.cfg.rounds and not self.stopped:
             record = self.step()
             for cb in self.callbacks:
                 cb.on_round_end(self, record)
@@ -228,4 +261,5 @@ class Experiment:
                 if not isinstance(v, list) or k == "confusion"}
         return {"algorithm": self.alg.name, "dataset": self.data.name, "seed": self.cfg.seed,
                 "rounds": self.round, "trainer": self.trainer.name,
-                "seconds": round(self.elapsed, 3), **keep}
+                "seconds": round(self.elapsed, 3), **keep,
+                **({"stopped": self.stopped} if self.stopped else {})}

@@ -17,7 +17,8 @@ from protofl.data.pipeline import Order
 from protofl.seeding import AUGMENT, ORDER, PROBE, SAMPLE, STRAGGLE, np_rng, torch_gen
 
 __all__ = ["AUGMENT", "ORDER", "PROBE", "SAMPLE", "STRAGGLE", "Job", "assign_work",
-           "local_batches", "np_rng", "sample_clients", "step_budget", "torch_gen"]
+           "local_batches", "local_schedule", "np_rng", "sample_clients", "step_budget",
+           "torch_gen"]
 
 
 def sample_clients(sizes: np.ndarray, k: int, scheme: str, rng: np.random.Generator
@@ -55,25 +56,43 @@ def assign_work(active: np.ndarray, full: int, stragglers: float, tolerate: bool
     return jobs
 
 
-def local_batches(order: Order, y: torch.Tensor, units: int, batch_size: int, by_steps: bool,
-                  gen: torch.Generator) -> list[torch.Tensor]:
-    """Index batches for one client: ``units`` epochs of ``order``'s sample order cut into
-    batches of ``batch_size`` (last one partial), or exactly ``units`` batches cycling epochs."""
+def local_schedule(order: Order, y: torch.Tensor, units: int, batch_size: int, by_steps: bool,
+                   gen: torch.Generator) -> tuple[list[torch.Tensor], int]:
+    """Index batches for one client and how many of the last ones form its *last pass*.
+
+    Batches: ``units`` epochs of ``order``'s sample order cut into batches of ``batch_size``
+    (last one partial), or exactly ``units`` batches cycling epochs (``by_steps``). The last
+    pass is the last epoch's batches; with ``by_steps`` it is the last ``ceil(L / batch_size)``
+    batches (at most all of them), L the length of one epoch of ``order``: one epoch's worth
+    of the most recent steps (the window per-batch statistics are summed over, e.g. fedproin's
+    influence counts)."""
     batches: list[torch.Tensor] = []
     if not by_steps:
+        last = 0
         for _ in range(units):
-            batches.extend(order(y, gen).split(batch_size))
-        return batches
+            epoch = order(y, gen).split(batch_size)
+            batches.extend(epoch)
+            last = len(epoch)
+        return batches, last
     pending = torch.empty(0, dtype=torch.long)
+    epoch_len = 0
     while len(batches) < units:
         while len(pending) < batch_size:
-            pending = torch.cat([pending, order(y, gen)])
+            drawn = order(y, gen)
+            epoch_len = epoch_len or len(drawn)
+            pending = torch.cat([pending, drawn])
             if len(y) < batch_size:
                 break
         take = min(batch_size, len(pending))
         batches.append(pending[:take])
         pending = pending[take:]
-    return batches
+    return batches, min(len(batches), max(1, math.ceil(epoch_len / batch_size)))
+
+
+def local_batches(order: Order, y: torch.Tensor, units: int, batch_size: int, by_steps: bool,
+                  gen: torch.Generator) -> list[torch.Tensor]:
+    """The batches of :func:`local_schedule` alone."""
+    return local_schedule(order, y, units, batch_size, by_steps, gen)[0]
 
 
 def step_budget(sizes: np.ndarray, per_round: int, local_epochs: int, local_steps: int | None,

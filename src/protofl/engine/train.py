@@ -6,20 +6,26 @@ data, the clients' persistent states, the local-training setup) and returns one
 path; the vectorized trainer (``engine/vectorized.py``) must give the same results, and the
 Flower server sends the jobs to SuperNodes. Every trainer prepares and finishes clients with
 ``prepare_client``/``finish_client`` and the batch schedule, and differs only in the loop.
+
+Per-batch statistics: every step calls ``alg.loss_and_stats``; the statistics of the batches of
+the client's last pass (``ClientWork.stats_from`` on; see ``schedule.local_schedule``) are summed
+in float64 and handed to ``client_end`` as ``stats=`` (only when the algorithm returns some).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from torch.utils._pytree import tree_map
 
 from protofl.algorithms.base import Algorithm, Tensors
 from protofl.algorithms.optimizers import make_optimizer
 from protofl.data.federated import FederatedData
 from protofl.data.pipeline import Transform, compose
-from protofl.engine.schedule import AUGMENT, ORDER, Job, local_batches, torch_gen
+from protofl.engine.schedule import AUGMENT, ORDER, Job, local_schedule, torch_gen
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,8 @@ class RoundContext:
     client_states: dict[int, Tensors]  # persistent per-client state, by client
     setup: LocalSetup
     round: int
+    # what a client makes of its upload before sending it (its DP / secure-sum contribution)
+    upload_hook: Callable[[RoundContext, int, Tensors], Tensors] | None = None
 
     def client_state(self, client: int) -> Tensors:
         return self.client_states.get(client, {})
@@ -79,6 +87,7 @@ class ClientWork:
     batches: list[torch.Tensor]
     augment_gen: torch.Generator
     class_counts: torch.Tensor  # (C,) its samples per class, for a pipeline transform
+    stats_from: int = 0  # first batch whose statistics count (the last pass)
     transform: Transform | None = None  # the data's augmentation, then the algorithm's
 
 
@@ -89,13 +98,21 @@ def prepare_client(rc: RoundContext, job: Job) -> ClientWork:
     x = rc.data.inputs(x)
     ctx = alg.client_begin(alg.model, rc.broadcast, rc.client_state(job.client), x, y)
     order = torch_gen(setup.seed, ORDER, rc.round, job.client)
-    batches = local_batches(alg.pipeline.order, y, job.units, setup.batch_size, setup.by_steps,
-                            order)
+    batches, last = local_schedule(alg.pipeline.order, y, job.units, setup.batch_size,
+                                   setup.by_steps, order)
     transform = compose(setup.augment, alg.pipeline.transform)
     counts = (torch.bincount(y.flatten(), minlength=rc.data.num_classes)[:rc.data.num_classes]
               if transform is not None else torch.empty(0))
     return ClientWork(job, x, y, ctx, batches, torch_gen(setup.seed, AUGMENT, rc.round, job.client),
-                      counts, transform)
+                      counts, len(batches) - last, transform)
+
+
+def add_stats(total: Tensors | None, stats: Tensors) -> Tensors | None:
+    """``total + stats`` leaf by leaf, in float64 (None and empty statistics add nothing)."""
+    if not stats:
+        return total
+    stats = tree_map(lambda v: v.detach().to(torch.float64), stats)
+    return stats if total is None else tree_map(torch.add, total, stats)
 
 
 def transformed(alg: Algorithm, work: ClientWork, x: torch.Tensor, y: torch.Tensor
@@ -108,14 +125,19 @@ def transformed(alg: Algorithm, work: ClientWork, x: torch.Tensor, y: torch.Tens
 
 
 def finish_client(rc: RoundContext, work: ClientWork, params: Tensors, buffers: Tensors,
-                  loss: float) -> ClientResult:
+                  loss: float, stats: Tensors | None = None) -> ClientResult:
+    """The client's upload and new state from its trained weights (and last-pass
+    statistics, passed to ``client_end`` only when there are some)."""
     model = rc.alg.model
     params = {k: v.detach() for k, v in params.items()}
     buffers = {k: v.detach() for k, v in buffers.items()}
     model.eval()
     client_state = rc.client_state(work.job.client)
+    extra = {"stats": stats} if stats else {}
     upload, state = rc.alg.client_end(model, params, buffers, rc.broadcast, work.ctx,
-                                      client_state, work.x, work.y)
+                                      client_state, work.x, work.y, **extra)
+    if rc.upload_hook is not None:
+        upload = rc.upload_hook(rc, work.job.client, upload)
     return ClientResult(work.job.client, upload, state, loss)
 
 
@@ -132,16 +154,18 @@ def train_client(rc: RoundContext, job: Job) -> ClientResult:
     opt = make_optimizer(list(params.values()), setup.optimizer, setup.lr, setup.momentum,
                          setup.weight_decay)
     model.train()
-    total = 0.0
-    for idx in work.batches:
+    total, stats = 0.0, None
+    for t, idx in enumerate(work.batches):
         xb, yb = transformed(alg, work, work.x[idx], work.y[idx])
-        loss = alg.loss(model, params, buffers, xb, yb, torch.ones(len(yb), dtype=xb.dtype),
-                        work.ctx)
+        loss, batch_stats = alg.loss_and_stats(model, params, buffers, xb, yb,
+                                               torch.ones(len(yb), dtype=xb.dtype), work.ctx)
+        if t >= work.stats_from:
+            stats = add_stats(stats, batch_stats)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         total += loss.item()
-    return finish_client(rc, work, params, buffers, total / max(len(work.batches), 1))
+    return finish_client(rc, work, params, buffers, total / max(len(work.batches), 1), stats)
 
 
 class SequentialTrainer:

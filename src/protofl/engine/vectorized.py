@@ -7,8 +7,10 @@ generators, optimizer arithmetic): every client still goes through ``prepare_cli
 number of steps (most first), so those that still have a step form a prefix ``[:n_t]`` of the
 stack: the others (stragglers, small clients) are left out of the step, their weights and
 optimizer state untouched. Batches of unequal size are padded by repeating a real row with
-weight ``w = 0`` (losses are weighted means, so padding changes nothing). Clients are trained in
-chunks whose estimated memory fits a budget; only active clients are ever stacked.
+weight ``w = 0`` (losses are weighted means, so padding changes nothing). Per-batch statistics
+(``loss_and_stats``, ``has_aux`` under ``vmap``) are summed per client over its last pass, as
+the sequential trainer sums them. Clients are trained in chunks whose estimated memory fits a
+budget; only active clients are ever stacked.
 """
 
 from __future__ import annotations
@@ -161,10 +163,25 @@ def _row_index(works: list[ClientWork], offsets: list[int], steps: int
     return rows, sizes
 
 
+def _add_stats(totals: list[torch.Tensor] | None, stats: list[torch.Tensor], n: int,
+               count: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """Add the stacked statistics of the first ``n`` clients, each weighted 0 or 1
+    (``count``: whether the step is in the client's last pass), to per-client float64
+    totals (``size`` clients)."""
+    if totals is None:
+        totals = [torch.zeros(size, *v.shape[1:], dtype=torch.float64) for v in stats]
+    for total, v in zip(totals, stats):
+        c = count.reshape(-1, *([1] * (v.dim() - 1)))
+        total[:n] += c * v.detach().to(torch.float64)
+    return totals
+
+
 def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors],
-                 trained: list[str]) -> tuple[list[Tensors], list[Tensors], list[float]]:
+                 trained: list[str]
+                 ) -> tuple[list[Tensors], list[Tensors], list[float], list[Tensors | None]]:
     """Train the clients of ``works`` (sorted by steps, most first) together; only the
-    parameters named in ``trained`` are updated."""
+    parameters named in ``trained`` are updated. Returns weights, buffers, mean losses and
+    last-pass statistics per client."""
     alg, model, data, setup = rc.alg, rc.alg.model, rc.data, rc.setup
     n_steps = [len(w.batches) for w in works]
     steps = n_steps[0]
@@ -176,13 +193,15 @@ def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors
     offsets = [int(data.train_offsets[w.job.client]) for w in works]
     rows, sizes = _row_index(works, offsets, steps)
     losses = torch.zeros(len(works), dtype=torch.float64)
+    stats_from = torch.tensor([w.stats_from for w in works])
+    totals, stats_spec = None, None
 
     def client_loss(p, b, x, y, w, c):
-        return alg.loss(model, p, b, x, y, w, c)
+        return alg.loss_and_stats(model, p, b, x, y, w, c)
 
     # in_dims must mirror each argument's structure (vmap needs a prefix tree of the inputs).
     in_dims = ({k: 0 for k in params}, bdims, 0, 0, 0, cdims)
-    step_fn = vmap(grad_and_value(client_loss), in_dims=in_dims)
+    step_fn = vmap(grad_and_value(client_loss, has_aux=True), in_dims=in_dims)
     model.train()
     for t in range(steps):
         n = sum(1 for m in n_steps if m > t)  # clients with a step t: a prefix
@@ -196,8 +215,12 @@ def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors
                 x[i, :m], y[i, :m] = transformed(alg, works[i], x[i, :m], y[i, :m])
         w = (torch.arange(b) < sizes[:n, t, None]).to(x.dtype)
         p_n = {k: v[:n] for k, v in params.items()}
-        grads, value = step_fn(p_n, _slice_tree(buffers, bdims, n), x, y, w,
-                               _slice_tree(ctx, cdims, n))
+        grads, (value, stats) = step_fn(p_n, _slice_tree(buffers, bdims, n), x, y, w,
+                                        _slice_tree(ctx, cdims, n))
+        leaves, stats_spec = tree_flatten(stats)
+        if leaves:
+            totals = _add_stats(totals, leaves, n, (stats_from[:n] <= t).to(torch.float64),
+                                len(works))
         optim.step_({k: p_n[k] for k in trained}, grads, opt.head(n), setup)
         losses[:n] += value.detach().to(torch.float64)
     out_p = [{k: v[i].clone() for k, v in params.items()} for i in range(len(works))]
@@ -205,7 +228,10 @@ def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors
     bd = tree_flatten(bdims)[0] if bl else []
     out_b = [tree_unflatten([v[i].clone() if d == 0 else v.clone() for v, d in zip(bl, bd)],
                             bspec) for i in range(len(works))]
-    return out_p, out_b, [float(losses[i]) / max(n_steps[i], 1) for i in range(len(works))]
+    out_s = [None if totals is None else tree_unflatten([v[i] for v in totals], stats_spec)
+             for i in range(len(works))]
+    return (out_p, out_b, [float(losses[i]) / max(n_steps[i], 1) for i in range(len(works))],
+            out_s)
 
 
 class VectorizedTrainer:
@@ -242,10 +268,11 @@ class VectorizedTrainer:
         results: list[ClientResult | None] = [None] * len(rc.jobs)
         for c in range(0, len(order), size):
             chunk = order[c:c + size]
-            out_p, out_b, losses = _train_chunk(rc, [works[i] for i in chunk],
-                                                [starts[i] for i in chunk], trained)
+            out_p, out_b, losses, stats = _train_chunk(rc, [works[i] for i in chunk],
+                                                       [starts[i] for i in chunk], trained)
             for j, i in enumerate(chunk):
-                results[i] = finish_client(rc, works[i], out_p[j], out_b[j], losses[j])
+                results[i] = finish_client(rc, works[i], out_p[j], out_b[j], losses[j],
+                                           stats[j])
         return results  # type: ignore[return-value]
 
 

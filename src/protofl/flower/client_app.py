@@ -6,25 +6,37 @@ client, units of local work, the run's config as JSON). The client trains with
 client_begin / loss / client_end run exactly as in process) and replies with the upload and
 its mean training loss. The client's persistent state (MOON's previous model, FedProIn's
 previous prototypes) stays in ``context.state``; it never leaves the node.
+
+In site mode (``data.name: site``) the node trains on its own files (node config
+``data-root``, format ``data-name``): when the server asks it to describe itself it loads
+them, checks them against the run's agreed classes and input shape (a mismatch is logged
+here and sent back as an error reply, and the server leaves the node out) and reports its
+sample counts. An ``evaluate`` message is answered, in either mode, with the node's
+confusion matrix and summed loss on its held-out split (``metrics/sites.py``): no sample,
+label or prediction leaves the node.
 """
 
 from __future__ import annotations
 
 import hashlib
+from logging import ERROR
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log
 
+from protofl.engine.experiment import Experiment
 from protofl.engine.schedule import Job
 from protofl.engine.train import RoundContext, train_client
 from protofl.errors import ProtoflError
 from protofl.flower.records import tree_from_records, tree_to_records
-from protofl.flower.setup import build, check_partitions
-from protofl.metrics.federated import client_predictions
+from protofl.flower.setup import check_partitions, node_build
+from protofl.metrics.sites import score_split
 
 STATE = "protofl.client_state"  # + a digest of the run's config: one state per protofl run
-DATA_ROOT = "data-root"  # optional node-config key: this node's copy of the dataset files
+DATA_ROOT = "data-root"  # node-config key: this node's files (site mode), or its copy of them
+DATA_NAME = "data-name"  # node-config key, site mode: their format (default data.site_format)
 
 
 def partition_of(context: Context) -> tuple[int, int]:
@@ -36,15 +48,36 @@ def partition_of(context: Context) -> tuple[int, int]:
     return int(nc["partition-id"]), int(nc["num-partitions"])
 
 
+def node_experiment(cfg_json: str, context: Context) -> Experiment:
+    """The run's Experiment on this node (its own files in site mode); a ProtoflError (a site
+    whose files do not fit the federation) is logged on the node before it is raised."""
+    pid, _ = partition_of(context)
+    nc = context.node_config
+    try:
+        return node_build(cfg_json, str(nc.get(DATA_ROOT, "")), str(nc.get(DATA_NAME, "")),
+                          pid)
+    except ProtoflError as e:
+        log(ERROR, "protofl: this node cannot join the run: %s", e)
+        raise
+
+
 app = ClientApp()
 
 
 @app.query()
 def describe(msg: Message, context: Context) -> Message:
-    """Reply to a ``query``: which partition this node holds."""
+    """Reply to a ``query``: which partition this node holds and, when the query carries the
+    run's config, how many training and held-out samples it has (site mode: after checking
+    its files against the federation)."""
     pid, n = partition_of(context)
-    return Message(RecordDict({"node": ConfigRecord({"partition-id": pid,
-                                                     "num-partitions": n})}), reply_to=msg)
+    info = {"partition-id": pid, "num-partitions": n}
+    query = msg.content.config_records.get("query")
+    if query is not None and "config" in query:
+        data = node_experiment(str(query["config"]), context).data
+        check_partitions(n, data)
+        info.update({"num-examples": int(data.train_sizes[pid]),
+                     "num-test": int(len(data.client_test(pid)[1]))})
+    return Message(RecordDict({"node": ConfigRecord(info)}), reply_to=msg)
 
 
 def state_key(cfg_json: str) -> str:
@@ -54,9 +87,13 @@ def state_key(cfg_json: str) -> str:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """One round of local training on this node's partition."""
+    from protofl.flower import secure  # privacy.*: SecAgg+ stages, client-side DP noise
+
+    if secure.is_secure(msg):
+        return secure.secure_train(msg, context)
     job = msg.content.config_records["job"]
     pid, n = partition_of(context)
-    b = build(str(job["config"]), str(context.node_config.get(DATA_ROOT, "")))
+    b = node_experiment(str(job["config"]), context)
     check_partitions(n, b.data)
     client = int(job["client"])
     if client != pid:
@@ -66,7 +103,7 @@ def train(msg: Message, context: Context) -> Message:
     state = tree_from_records(context.state, key) if key in context.state else {}
     work = Job(client, int(job["units"]), bool(job["straggler"]))
     rc = RoundContext(b.alg, broadcast, [work], b.data, {client: state}, b.setup,
-                      int(job["round"]))
+                      int(job["round"]), secure.upload_hook(b, context))
     result = train_client(rc, work)
     if result.state:
         tree_to_records(result.state, key, context.state)
@@ -78,17 +115,18 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    """Personalised methods: predictions of this client's own model (the global weights if it
-    has none) on its local test split; only labels and predictions leave the node."""
+    """This client's score on its held-out split: its confusion matrix and summed loss, with
+    the model it is evaluated with (``eval_weights``: the global one, or a personalised
+    client's own, before its first round the one it would start from)."""
     job = msg.content.config_records["job"]
     pid, _ = partition_of(context)
-    b = build(str(job["config"]), str(context.node_config.get(DATA_ROOT, "")))
+    b = node_experiment(str(job["config"]), context)
     server_state = tree_from_records(msg.content, "state")
     key = state_key(str(job["config"]))
     own = tree_from_records(context.state, key) if key in context.state else {}
-    got = client_predictions(b.alg, b.alg.model, server_state, b.data, {pid: own},
-                             b.cfg.metrics.eval_batch, clients=[pid])
-    y = b.data.client_test(pid)[1]
-    # no model yet (or no test samples): predictions of -1, left out by the server
-    out = {"y": y, "pred": got[pid][1] if pid in got else torch.full_like(y, -1)}
+    x, y = b.data.client_test(pid)
+    got = score_split(b.alg, b.alg.model, b.alg.eval_weights(server_state, own), server_state,
+                      b.data.inputs(x), y, b.data.num_classes, b.cfg.metrics.eval_batch)
+    out = {"confusion": torch.from_numpy(got.confusion),
+           "loss_sum": torch.tensor(got.loss_sum, dtype=torch.float64)}
     return Message(tree_to_records(out, "eval", RecordDict()), reply_to=msg)

@@ -77,3 +77,22 @@ def tree_from_records(content: RecordDict, name: str) -> Tensors:
         return _rebuild(skeleton, arrays, "")
     except (TypeError, ValueError) as e:  # a corrupt array payload
         raise ProtoflError(f"record {name!r} holds an unreadable array: {e}") from None
+
+
+def tree_to_arrays(tree: Tensors) -> tuple[list[np.ndarray], str]:
+    """``tree`` as a list of numpy arrays and its skeleton (JSON), for the legacy ``FitIns``
+    / ``FitRes`` messages secure aggregation travels in."""
+    leaves: list[torch.Tensor] = []
+    skeleton = _skeleton(tree, leaves, "")
+    return [np.ascontiguousarray(t.detach().cpu().numpy()) for t in leaves], json.dumps(skeleton)
+
+
+def tree_from_arrays(arrays: list[np.ndarray], skeleton: str) -> Tensors:
+    """The tree :func:`tree_to_arrays` sent; ProtoflError naming what is malformed."""
+    record = ArrayRecord()
+    for i, a in enumerate(arrays):
+        record[str(i)] = Array(np.asarray(a))
+    try:
+        return _rebuild(json.loads(skeleton), record, "")
+    except (TypeError, ValueError) as e:
+        raise ProtoflError(f"broadcast arrays do not match their skeleton: {e}") from None

@@ -9,6 +9,7 @@ from typing import Any
 
 from protofl.config import Config, apply_set, config_from_dict, load_raw
 from protofl.data.federated import FederatedData
+from protofl.data.site import SITE, site_data
 from protofl.engine.experiment import Experiment
 from protofl.errors import ProtoflError
 
@@ -42,6 +43,24 @@ def build(cfg_json: str, data_root: str = "") -> Experiment:
     if data_root:
         raw["data"]["root"] = data_root
     return Experiment(config_from_dict(raw))
+
+
+@functools.lru_cache(maxsize=4)  # a simulation worker may host several sites
+def build_site(cfg_json: str, data_root: str, data_name: str, site: int) -> Experiment:
+    """Site mode (``data.name: site``): the Experiment of a node whose data are its own files
+    at ``data_root`` (format ``data_name``, else ``data.site_format``) as client ``site``,
+    checked against the agreed classes and input shape; built once per process."""
+    cfg = config_from_dict(json.loads(cfg_json))
+    fmt = data_name or cfg.data.site_format
+    return Experiment(cfg, data=site_data(cfg.data, fmt, data_root, site))
+
+
+def node_build(cfg_json: str, data_root: str, data_name: str, site: int) -> Experiment:
+    """A node's Experiment: :func:`build_site` in site mode, else :func:`build` (one cached
+    copy of the dataset for every virtual node of a simulation worker)."""
+    if json.loads(cfg_json).get("data", {}).get("name") == SITE:
+        return build_site(cfg_json, data_root, data_name, site)
+    return build(cfg_json, data_root)
 
 
 def check_partitions(num_partitions: int, data: FederatedData) -> None:

@@ -14,9 +14,15 @@ def confusion(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int) -> np.nd
 
 
 def report(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int) -> dict:
-    """All figures, from the confusion matrix. Classes absent from ``y_true`` are left out of
-    the balanced accuracy and the macro means; a class never predicted has precision 0."""
-    m = confusion(y_true, y_pred, num_classes)
+    """All figures, from the confusion matrix (:func:`confusion_report`)."""
+    return confusion_report(confusion(y_true, y_pred, num_classes))
+
+
+def confusion_report(m: np.ndarray) -> dict:
+    """All figures of a confusion matrix ``m`` (C, C). Classes absent from the true labels are
+    left out of the balanced accuracy and the macro means; a class never predicted has
+    precision 0."""
+    m = np.asarray(m, dtype=np.int64)
     support = m.sum(1).astype(float)
     predicted = m.sum(0).astype(float)
     tp = np.diag(m).astype(float)

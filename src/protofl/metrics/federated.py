@@ -67,8 +67,9 @@ def client_predictions(alg: Algorithm, model: ProtoNet, state: Tensors, data: Fe
                        clients: list[int] | None = None
                        ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """``client -> (labels, predictions)`` on each client's own local test split (all clients,
-    or ``clients``), with the aggregate model, or (personalised methods) the client's own
-    where it has one.
+    or ``clients``), with the weights ``alg.eval_weights`` gives it: the aggregate model's,
+    or (personalised methods) the client's own, before its first round the one it would start
+    from.
 
     Every client scored with the aggregate weights is scored in one pass over their
     concatenated test rows, split back by the offsets; only personalised models go one by one.
@@ -111,20 +112,22 @@ def labels(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors,
 
 def client_figures(preds: dict[int, tuple[torch.Tensor, torch.Tensor]], num_classes: int,
                    pooled: bool) -> dict:
-    """``local_accuracy`` (mean over clients) and ``client_accuracy`` (per client, by id);
-    with ``pooled``, also the classification report of all clients' predictions together
-    (how personalised methods are scored). Segmentation: pixel accuracies and per-client
-    mIoU too (``metrics.segmentation.client_figures``)."""
+    """``local_accuracy`` (mean over clients), ``client_accuracy`` (per client, by id) and
+    ``clients_evaluated`` (how many clients those figures cover); with ``pooled``, also the
+    classification report of all clients' predictions together (how personalised methods are
+    scored). Segmentation: pixel accuracies and per-client mIoU too
+    (``metrics.segmentation.client_figures``)."""
     if not preds:
-        return {}
+        return {"clients_evaluated": 0}
     ks = sorted(preds)
     if tasks.dense(preds[ks[0]][0]):
-        return seg.client_figures(preds, num_classes, pooled)
+        return {**seg.client_figures(preds, num_classes, pooled), "clients_evaluated": len(ks)}
     accs = [float((preds[k][1] == preds[k][0]).float().mean()) for k in ks]
     out = report(torch.cat([preds[k][0] for k in ks]).numpy(),
                  torch.cat([preds[k][1] for k in ks]).numpy(), num_classes) if pooled else {}
     out["local_accuracy"] = float(np.mean(accs))
     out["client_accuracy"] = dict(zip(map(str, ks), accs))
+    out["clients_evaluated"] = len(ks)
     return out
 
 
@@ -220,14 +223,16 @@ def expensive_due(round_: int, every: int, last: int) -> bool:
     return every > 0 and (round_ % every == 0 or round_ == last)
 
 
-def aggregate_mean_margin(protos: torch.Tensor, counts: torch.Tensor, server: torch.Tensor
-                          ) -> float:
+def aggregate_mean_margin(protos: torch.Tensor, counts: torch.Tensor, server: torch.Tensor,
+                          reported: torch.Tensor | None = None) -> float:
     """AMM: mean over clients and their present classes of SPM(P_k, P) against the aggregate
-    prototypes ``server`` (all classes present). ``protos (K, C, d)``, ``counts (K, C)``."""
-    everything = torch.ones(server.shape[0], dtype=torch.bool)
+    prototypes ``server`` of the classes in ``reported`` (default: all; a class no client has
+    reported is a zero vector, not a prototype). ``protos (K, C, d)``, ``counts (K, C)``."""
+    if reported is None:
+        reported = torch.ones(server.shape[0], dtype=torch.bool)
     vals = []
     for p, n in zip(protos, counts):
-        s = prototype_math.spm(p.double(), server.double(), n > 0, everything)
+        s = prototype_math.spm(p.double(), server.double(), n > 0, reported)
         vals.append(s[~torch.isnan(s)])
     v = torch.cat(vals) if vals else torch.empty(0)
     return float(v.mean()) if len(v) else float("nan")

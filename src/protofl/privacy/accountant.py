@@ -20,8 +20,11 @@ amplification result here: refuse it together with DP.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+from collections import Counter
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -86,33 +89,35 @@ class Accountant:
     def sampling_rate(self) -> float:
         return self.per_round / self.num_clients
 
+    def round_event(self, multiplier: float | None = None) -> Any:
+        """The ``dp_accounting.DpEvent`` of one round (at ``multiplier``, default sigma)."""
+        dpa = _dpa()
+        sigma = self.noise_multiplier if multiplier is None else multiplier
+        if self.sampling == "fixed":
+            return dpa.SampledWithoutReplacementDpEvent(
+                self.num_clients, self.per_round, dpa.GaussianDpEvent(sigma / 2))
+        return dpa.PoissonSampledDpEvent(self.sampling_rate, dpa.GaussianDpEvent(sigma))
+
     def event(self, rounds: int) -> Any:
         """The ``dp_accounting.DpEvent`` of ``rounds`` rounds."""
-        dpa = _dpa()
-        if self.sampling == "fixed":
-            one = dpa.SampledWithoutReplacementDpEvent(
-                self.num_clients, self.per_round, dpa.GaussianDpEvent(self.noise_multiplier / 2))
-        else:
-            one = dpa.PoissonSampledDpEvent(self.sampling_rate,
-                                            dpa.GaussianDpEvent(self.noise_multiplier))
-        return dpa.SelfComposedDpEvent(one, rounds)
+        return _dpa().SelfComposedDpEvent(self.round_event(), rounds)
 
     def epsilon(self, rounds: int) -> float:
         """Epsilon at ``delta`` after ``rounds`` rounds (0 for none, inf without noise)."""
-        if rounds <= 0:
+        return self.epsilon_of([self.noise_multiplier] * max(rounds, 0))
+
+    def epsilon_of(self, multipliers: Sequence[float]) -> float:
+        """Epsilon at ``delta`` after rounds whose noise multipliers were ``multipliers`` (with
+        client-side noise a round that fewer clients reached carried less noise)."""
+        if not multipliers:
             return 0.0
-        if self.noise_multiplier == 0:
+        if min(multipliers) <= 0:
             return math.inf
-        dpa = _dpa()
-        rel = dpa.NeighboringRelation
-        with _quiet_absl():
-            if self.method == "pld":
-                acc = dpa.pld.PLDAccountant(rel.ADD_OR_REMOVE_ONE)
-            else:
-                acc = dpa.rdp.RdpAccountant(neighboring_relation=rel.REPLACE_ONE if
-                                            self.sampling == "fixed" else rel.ADD_OR_REMOVE_ONE)
-            acc.compose(self.event(rounds))
-            return float(acc.get_epsilon(self.delta))
+        return _epsilon(self, tuple(sorted(Counter(multipliers).items())))
+
+    def _rdp_relation(self) -> Any:
+        rel = _dpa().NeighboringRelation
+        return rel.REPLACE_ONE if self.sampling == "fixed" else rel.ADD_OR_REMOVE_ONE
 
     def max_rounds(self, budget: float, limit: int = 100_000) -> int:
         """The most rounds whose epsilon stays within ``budget`` (at most ``limit``)."""
@@ -126,6 +131,50 @@ class Accountant:
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if self.epsilon(mid) <= budget else (lo, mid)
         return lo
+
+
+@functools.lru_cache(maxsize=256)
+def _round_rdp(acc: Accountant, multiplier: float) -> Any:
+    """One round's RDP curve at dp-accounting's default orders, or None if this version of
+    dp-accounting keeps it elsewhere (the accountant then composes every call)."""
+    dpa = _dpa()
+    with _quiet_absl():
+        rdp = dpa.rdp.RdpAccountant(neighboring_relation=acc._rdp_relation())
+        rdp.compose(acc.round_event(multiplier))
+    curve = getattr(rdp, "_rdp", None)  # RDP adds up over rounds: compose one, scale it
+    return None if curve is None else curve.copy()
+
+
+PLD_INTERVAL = 1e-3  # PLD's loss discretisation: 10x faster than 1e-4, epsilon alike to 1e-6
+
+
+@functools.lru_cache(maxsize=1024)
+def _epsilon(acc: Accountant, counts: tuple[tuple[float, int], ...]) -> float:
+    try:
+        return _compute_epsilon(acc, counts)
+    except (ArithmeticError, ValueError, MemoryError):  # noise far outside any useful range
+        raise ProtoflError(f"privacy: dp-accounting cannot account noise multipliers "
+                           f"{sorted({s for s, _ in counts})}; use one between 0.1 and "
+                           "10000") from None
+
+
+def _compute_epsilon(acc: Accountant, counts: tuple[tuple[float, int], ...]) -> float:
+    dpa = _dpa()
+    with _quiet_absl():
+        if acc.method == "rdp":
+            curves = [_round_rdp(acc, sigma) for sigma, _ in counts]
+            if all(c is not None for c in curves):
+                orders = dpa.rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS
+                total = sum(n * c for (_, n), c in zip(counts, curves))
+                return float(dpa.rdp.rdp_privacy_accountant.compute_epsilon(
+                    orders, total, acc.delta)[0])
+            composer = dpa.rdp.RdpAccountant(neighboring_relation=acc._rdp_relation())
+        else:
+            composer = dpa.pld.PLDAccountant(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                             value_discretization_interval=PLD_INTERVAL)
+        for sigma, n in counts:
+            composer.compose(dpa.SelfComposedDpEvent(acc.round_event(sigma), n))
+        return float(composer.get_epsilon(acc.delta))
 
 
 class Budget:
@@ -142,8 +191,10 @@ class Budget:
         self.accountant, self.epsilon, self.action = accountant, epsilon, action
         self.warned = False
 
-    def allows(self, round: int) -> bool:
-        eps = self.accountant.epsilon(round)
+    def allows(self, round: int, eps: float | None = None) -> bool:
+        """``eps``: epsilon after round ``round`` when it is not ``accountant.epsilon(round)``
+        (client-side noise of rounds that not every client reached)."""
+        eps = self.accountant.epsilon(round) if eps is None else eps
         if eps <= self.epsilon:
             return True
         if self.action == "stop":

@@ -64,7 +64,8 @@ def effective_multiplier(multipliers: Sequence[float]) -> float:
     the same sigma give sigma / sqrt(2)."""
     if not multipliers or min(multipliers) <= 0:
         return 0.0
-    return sum(s ** -2 for s in multipliers) ** -0.5
+    low = min(multipliers)  # factored out, so extreme values neither overflow nor vanish
+    return low / math.sqrt(sum((low / s) ** 2 for s in multipliers))
 
 
 def private_average(glob: Mapping[str, Tensor], local: Sequence[Mapping[str, Tensor]],

@@ -153,7 +153,8 @@ def partition(t: Table) -> str:
             return (f'<p class="muted">From {escape(str(path))}.</p><table>'
                     f"{''.join(cells)}</table>{img}")
     return ('<p class="note">Not recorded: no run folder here holds a <code>stats.json</code> '
-            "(<code>protofl stats ... --out DIR</code> writes one).</p>")
+            "(runs write one when they start; for older runs, <code>protofl stats ... --out "
+            "DIR</code> writes one).</p>")
 
 
 def confusion(page: Page, t: Table) -> str:

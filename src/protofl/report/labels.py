@@ -65,11 +65,23 @@ LEGEND = ("accuracy, balanced accuracy, weighted F1: the final aggregate model o
           "split; training loss: the mean over images of their mean pixel cross-entropy.")
 
 # keys that never explain a difference in results
-IGNORED = {"seed", "checkpoint_every", "data.root", "metrics.eval_batch"}
+IGNORED = {"seed", "checkpoint_every", "data.root", "metrics.eval_batch",
+           "metrics.ffd_reference", "metrics.save_weights", "tracking", "tracking_dir"}
 # keys that define the setting of a table (named in its caption; in row labels when they vary)
 SETTING = ("data.num_clients", "clients.per_round", "rounds", "clients.local_steps",
            "clients.local_epochs", "clients.batch_size", "clients.optimizer", "clients.lr",
            "clients.stragglers")
+
+
+def inert(flat: dict) -> set[str]:
+    """Keys a run's config holds that cannot have changed its numbers: the local epochs when
+    it counts local steps, the momentum of Adam (an algorithm's paper defaults fill both)."""
+    out = set()
+    if flat.get("clients.local_steps"):
+        out.add("clients.local_epochs")
+    if flat.get("clients.optimizer") == "adam":
+        out.add("clients.momentum")
+    return out
 
 
 def words(key: str, value: Any) -> str:
@@ -99,6 +111,7 @@ def row_labels(algorithms: list[str], flats: list[dict], skip: set[str] = frozen
     algorithm's baseline, said once in the caption, and a label names only where a run
     departs from it. Runs that differ only in seed get the same label."""
     drop = IGNORED | set(skip)
+    flats = [{k: v for k, v in f.items() if k not in inert(f)} for f in flats]
     keys = sorted({k for f in flats for k in f} - drop)
     table_varying = {k for k in keys if k in SETTING
                      and len({_key(f.get(k)) for f in flats}) > 1}

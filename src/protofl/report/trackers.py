@@ -14,10 +14,14 @@ aggregation ``weights`` (a histogram in TensorBoard).
   directory (a local store: ``DIR/mlflow.db``, SQLite, and ``DIR/artifacts``; no server;
   view with ``mlflow ui --backend-store-uri sqlite:///DIR/mlflow.db``) or any MLflow
   tracking URI.
+
+:class:`Tracking` is the round callback that drives them for a run (``tracking: [tensorboard,
+mlflow]`` in the config, or ``protofl run --log NAME``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -25,9 +29,13 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from protofl.engine import runfolder
+from protofl.engine.callbacks import Callback
 from protofl.errors import ProtoflError
 
 TRACKERS = ("tensorboard", "mlflow")
+PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
+STATE = "tracking.json"  # in the run folder: the MLflow run, the last round logged
 
 
 class Tracker(Protocol):
@@ -101,6 +109,7 @@ class MLflowTracker:
         self.target, self.experiment, self.run_name = str(target), experiment, run_name
         self.run_id = run_id  # continue this run (a resumed protofl run) instead of a new one
         self.client = None
+        self.uri: str | None = None  # the tracking URI in use, once started
 
     def _uri(self) -> tuple[str, str | None]:
         if "://" in self.target or self.target.startswith(("file:", "sqlite:")):
@@ -122,6 +131,7 @@ class MLflowTracker:
         for name in ("mlflow.store.db.utils", "alembic"):  # table creation chatter
             logging.getLogger(name).setLevel(logging.WARNING)
         uri, artifacts = self._uri()
+        self.uri = uri
         try:
             self.client = MlflowClient(tracking_uri=uri)
             exp = self.client.get_experiment_by_name(self.experiment)
@@ -162,3 +172,64 @@ def make_tracker(name: str, target: Any = None) -> Tracker:
     if name == "mlflow":
         return MLflowTracker(target if target is not None else "mlruns")
     raise ProtoflError(f"--log {name!r} unknown; allowed: {', '.join(TRACKERS)}")
+
+
+def require(names: list[str]) -> None:
+    """Refuse, before anything is written, trackers whose package is not installed."""
+    for name in names:
+        if name not in PACKAGES:
+            raise ProtoflError(f"tracking: {name!r} unknown; allowed: {', '.join(TRACKERS)}")
+        if importlib.util.find_spec(PACKAGES[name]) is None:
+            raise _missing(PACKAGES[name], name)
+
+
+class Tracking(Callback):
+    """The trackers named by ``cfg.tracking``, fed by the round loop: started once the run
+    folder is prepared, given each evaluated round after its line is written, finished after
+    the summary and plots (so MLflow gets them as artefacts). ``tracking.json`` in the run
+    folder keeps the MLflow run (store and id) and the last round logged: a resumed run
+    continues the same MLflow run and logs no round twice. A fresh run clears the TensorBoard
+    event files a replaced run left. Comes after ``RunFolder`` and ``PlotRun``."""
+
+    def __init__(self, out: Path):
+        self.out = Path(out)
+        self.trackers: dict[str, Any] = {}
+        self.state: dict[str, Any] = {}
+
+    def on_run_start(self, exp) -> None:
+        names = list(dict.fromkeys(exp.cfg.tracking))
+        if not names:
+            return
+        require(names)
+        path = self.out / STATE
+        prev = json.loads(path.read_text()) if exp.round and path.exists() else {}
+        self.state = {"logged_round": prev.get("logged_round", 0)}
+        for name in names:
+            if name == "mlflow":
+                old = prev.get("mlflow", {})
+                tracker: Any = MLflowTracker(old.get("uri") or exp.cfg.tracking_dir or "mlruns",
+                                             run_name="/".join(self.out.parts[-3:]),
+                                             run_id=old.get("run_id"))
+            else:
+                tracker = TensorBoardTracker()
+                if not exp.round:
+                    for stale in (self.out / "tensorboard").glob("events.out.tfevents.*"):
+                        stale.unlink()
+            tracker.start(exp.cfg.to_dict(), self.out)
+            if name == "mlflow":
+                self.state["mlflow"] = {"uri": tracker.uri, "run_id": tracker.run_id}
+            self.trackers[name] = tracker
+        runfolder.write_json(path, self.state)
+
+    def on_round_end(self, exp, record) -> None:
+        t = record["round"]
+        if not self.trackers or not exp.evaluating(t) or t <= self.state["logged_round"]:
+            return  # a resumed run recomputes rounds it had already logged
+        for tracker in self.trackers.values():
+            tracker.log_round(record)
+        self.state["logged_round"] = t
+        runfolder.write_json(self.out / STATE, self.state)
+
+    def on_run_end(self, exp, summary) -> None:
+        for tracker in self.trackers.values():
+            tracker.finish(self.out)
