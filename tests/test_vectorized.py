@@ -234,3 +234,39 @@ def test_unstackable_context_falls_back(float64, caplog, monkeypatch):
         vec = train_vectorized(alg, model, glob, jobs, data, {}, s, 1)
     assert any("differ in shape" in r.getMessage() for r in caplog.records)
     assert_results_equal(train_sequential(alg, model, glob, jobs, data, {}, s, 1), vec)
+
+
+def seg_federation(sizes=(5, 2, 4), side=16):
+    """Images (floats) with uint8 masks, a void border row on each."""
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.rand(n, 3, side, side, generator=g) for n in sizes]
+    ys = []
+    for n in sizes:
+        y = torch.randint(0, C, (n, side, side), generator=g).to(torch.uint8)
+        y[:, 0] = 255
+        ys.append(y)
+    return from_client_lists("seg", C, xs, ys, local_test_fraction=0.0)
+
+
+# the distinct client parts among the segmentation algorithms (fedatt and central train
+# their clients as fedavg does)
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedmargin"])
+def test_segmentation_with_crop_flip_equals_sequential(float64, monkeypatch, name):
+    """DeepLab on masks, the data's crop-and-flip composed with the algorithm's pipeline:
+    both trainers draw the same crops and give the same results."""
+    from protofl.data.seg_augment import crop_flip_transform
+    from protofl.models.deeplab import DeepLabV3Plus
+
+    monkeypatch.setattr(vectorized, "SequentialTrainer", None)  # no silent fallback
+    data = seg_federation()
+    torch.manual_seed(0)
+    alg = make_algorithm(name, {}, DeepLabV3Plus((3, 16, 16), C, width=0.25, channels=8), C)
+    s = LocalSetup(2, True, "adam", 0.01, 0.0, 1e-3, seed=3, augment=crop_flip_transform())
+    state, client_states = alg.init_state(alg.model), {}
+    jobs = [Job(0, 3), Job(1, 1, straggler=True), Job(2, 2)]
+    for rnd in (1, 2):
+        glob = alg.broadcast(state)
+        seq = train_sequential(alg, alg.model, glob, jobs, data, client_states, s, rnd)
+        vec = train_vectorized(alg, alg.model, glob, jobs, data, client_states, s, rnd)
+        assert_results_equal(seq, vec)
+        state, _ = alg.aggregate(state, [r.upload for r in seq], rnd)

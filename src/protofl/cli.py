@@ -28,11 +28,16 @@ def _config(args) -> Config:
     from protofl.config import apply_set, config_from_dict, load_raw
 
     raw = load_raw(args.config) if args.config else {}
-    for flag, key in (("algorithm", "algorithm"), ("rounds", "rounds"), ("seed", "seed")):
+    for flag, key in (("algorithm", "algorithm"), ("rounds", "rounds"), ("seed", "seed"),
+                      ("task", "task")):
         if getattr(args, flag, None) is not None:
             raw[key] = getattr(args, flag)
     if getattr(args, "dataset", None):
         raw.setdefault("data", {})["name"] = args.dataset
+    if getattr(args, "task", None) and not (raw.get("data") or {}).get("name"):
+        from protofl.data.registry import task_default_dataset
+
+        raw.setdefault("data", {})["name"] = task_default_dataset(args.task)
     if getattr(args, "log", None):
         have = raw.get("tracking") if isinstance(raw.get("tracking"), list) else []
         raw["tracking"] = list(dict.fromkeys([*have, *args.log]))
@@ -49,8 +54,8 @@ def cmd_run(args) -> int:
     from protofl.api import resume_experiment, run_experiment
 
     if args.resume:
-        given = [flag for flag in ("config", "algorithm", "dataset", "seed", "set", "out",
-                                   "overwrite", "log", "log_dir")
+        given = [flag for flag in ("config", "algorithm", "dataset", "task", "seed", "set",
+                                   "out", "overwrite", "log", "log_dir")
                  if getattr(args, flag) is not None and getattr(args, flag) is not False]
         if given:
             raise ProtoflError(f"--resume continues a run as it was configured; only --rounds "
@@ -64,7 +69,8 @@ def cmd_run(args) -> int:
         out = Path(args.out) if args.out else Path("runs") / (
             f"{cfg.algorithm}_{cfg.data.name}_seed{cfg.seed}_{time.strftime('%Y%m%d-%H%M%S')}")
         summary = run_experiment(cfg, out, overwrite=args.overwrite, progress=not args.quiet)
-    figures = ", ".join(f"{k} {summary[k]:.4f}" for k in ("accuracy", "loss", "local_accuracy")
+    figures = ", ".join(f"{k} {summary[k]:.4f}" for k in ("miou", "accuracy", "loss",
+                                                          "local_accuracy")
                         if isinstance(summary.get(k), float))
     if isinstance(summary.get("epsilon"), float):
         figures += f", epsilon {summary['epsilon']:.3g}"
@@ -157,7 +163,8 @@ def cmd_algorithms(args) -> int:
     from protofl.algorithms.registry import ALGORITHMS, ALIASES, algorithm_class
 
     for name in ALGORITHMS:
-        print(f"{name:12s} {algorithm_class(name).description}")
+        cls = algorithm_class(name)
+        print(f"{name:12s} {cls.description} [{', '.join(cls.tasks)}]")
         if args.details:
             for line in algorithm_details(name):
                 print(" " * 13 + line)
@@ -230,6 +237,30 @@ def cmd_tsne(args) -> int:
     return 0
 
 
+def cmd_segfigure(args) -> int:
+    from protofl.report.segmentation import runs_figure
+
+    folders = _run_folders(args.dirs)
+    labels: dict[str, Path] = {}
+    for f in folders:
+        alg = _summary_algorithm(f)
+        labels[alg if alg not in labels else f"{alg} ({f})"] = f
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise ProtoflError(f"{out} exists; pass --overwrite to replace it")
+    print(runs_figure(labels, out, args.images, args.title or ""))
+    return 0
+
+
+def _summary_algorithm(folder: Path) -> str:
+    import json
+
+    try:
+        return str(json.loads((folder / "summary.json").read_text())["algorithm"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ProtoflError(f"{folder / 'summary.json'} is not a protofl run summary") from None
+
+
 def _options_epilog() -> str:
     """Every config key for ``protofl run --help`` (the same declarations as the docs)."""
     from protofl.config import option_rows
@@ -266,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("config", nargs="?", help="YAML/JSON config (default: built-in defaults)")
         q.add_argument("--algorithm", help="algorithm name (see 'protofl algorithms')")
         q.add_argument("--dataset", help="dataset name (see 'protofl datasets')")
+        q.add_argument("--task", choices=("classification", "segmentation"),
+                       help="the task; the dataset must be one of it (default dataset for "
+                       "segmentation: shapes)")
         q.add_argument("--rounds", type=int)
         q.add_argument("--seed", type=int)
         q.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -347,7 +381,18 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=cmd_data_fetch)
 
-    q = sub.add_parser("tsne", help="t-SNE of a run's final features per class (Fig. S3)")
+    q = sub.add_parser("segfigure", help="the seed's qualitative segmentation figure: "
+                       "prediction and entropy maps of runs' final models on fixed test images")
+    q.add_argument("dirs", nargs="+", help="segmentation run folders (e.g. fedavg, fedmargin "
+                   "and central on one split), or folders holding them")
+    q.add_argument("--out", required=True, help="the PNG to write")
+    q.add_argument("--images", type=int, default=4, help="test images (rows)")
+    q.add_argument("--title", help="the figure's title (default: the dataset)")
+    q.add_argument("--overwrite", action="store_true", help="replace an existing file")
+    q.set_defaults(func=cmd_segfigure)
+
+    q = sub.add_parser("tsne", help="t-SNE of a run's final features per class (Fig. S3; "
+                       "segmentation: sampled pixels, background left out)")
     q.add_argument("dir", help="a run folder with its checkpoint")
     q.add_argument("--samples", type=int, default=1000, help="global-test samples to embed")
     q.set_defaults(func=cmd_tsne)

@@ -146,6 +146,11 @@ class DataConfig:
                                           "own)", ge=1)
     max_samples: int | None = option(None, "cap the sample pool (quick runs on large sets)",
                                      ge=1)
+    augment: str | None = option(
+        None, "augmentation of every client's training batches, seeded per (round, client): "
+              "crop_flip (random resized crop + horizontal flip, masks with their images) or "
+              "none; null: the dataset's (segmentation sets: crop_flip)",
+        choices=("none", "crop_flip"))
     # data.name hf (Hugging Face datasets through flwr-datasets; docs/datasets.md)
     hf_dataset: str | None = option(None, "hf: a Hub dataset id, a save_to_disk folder or a "
                                           "folder of data files (null: data.root)")
@@ -179,10 +184,18 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     name: str = option("auto", "model (auto: the dataset's paper model; see docs)")
-    norm: str = option("group", "ResNet-18 normalisation (BatchNorm trains sequentially)",
-                       choices=("group", "batch"))
-    pretrained: str | None = option(None, "a local ImageNet state_dict for ResNet-18",
+    norm: str = option("group", "ResNet-18 and DeepLab normalisation (BatchNorm trains "
+                                "sequentially)", choices=("group", "batch"))
+    pretrained: str | None = option(None, "a local ImageNet state_dict for ResNet-18 (or "
+                                          "torchvision's mobilenet_v2 for DeepLab's encoder)",
                                     path=True)
+    width: float | None = option(None, "deeplabv3plus: MobileNetV2 width multiplier (null: "
+                                       "the dataset's; shapes 0.5, else 1)", gt=0, le=4)
+    output_stride: int | None = option(None, "deeplabv3plus: encoder output stride (null: 16)",
+                                       choices=(8, 16))
+    seg_channels: int | None = option(None, "deeplabv3plus: ASPP/decoder channels, the pixel "
+                                            "feature size d, a multiple of 8 (null: the "
+                                            "dataset's; shapes 64, else 256)", ge=8)
 
 
 @dataclass
@@ -271,6 +284,9 @@ class PrivacyConfig:
 @dataclass
 class Config:
     algorithm: str = option("fedmargin", "algorithm (see `protofl algorithms`)")
+    task: str | None = option(None, "classification or segmentation; null: the dataset's "
+                                    "(a dataset of the other task is an error)",
+                              choices=("classification", "segmentation"))
     seed: int = option(0, "model initialisation, client sampling, stragglers, batch order",
                        ge=0, le=SEED_MAX)
     rounds: int = option(50, "communication rounds", ge=1)

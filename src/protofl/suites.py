@@ -11,6 +11,7 @@ FFD metric, which every other run then logs (``mmd``; the table's FFD against fe
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,30 @@ OWN_OPTIMIZER = {"optimizer": None, "lr": None}  # null: the algorithm's paper s
 CENTRAL = {"algorithm": "central", "trainer": "sequential"}
 
 
+# the seed's federated segmentation benchmark on the embedded Shapes set (suite
+# "segmentation"): 20 clients, Dirichlet(alpha) over the object class with power-law sizes,
+# 48 px, the data's joint crop and flip, a DeepLab-V3+ of width 0.35 and 32 channels, and
+# local work sized so the 21 runs fit 15 minutes on 2 cores (docs/results.md). Clients are
+# sampled in proportion to their size for every method (fedmargin's own setting), so
+# fedavg and fedmargin differ only in how they weight the clients' models.
+SHAPES_SEG = {
+    "data": {"name": "shapes", "num_clients": 20, "partition": "dirichlet_powerlaw"},
+    "model": {"width": 0.35, "seg_channels": 32},
+    "rounds": 25,
+    "eval_every": 5,
+    "trainer": "sequential",  # 25% faster than vmap for this convnet on CPU
+    "clients": {"per_round": 3, "local_steps": 8, "batch_size": 16, "optimizer": "adam",
+                "lr": 0.003, "sampling": "weighted"},
+    "metrics": {"dissimilarity_clients": 0, "train_loss_samples": 200},
+}
+SEG_ALPHAS = {"a0.01": 0.01, "a0.1": 0.1, "a1": 1.0}  # data.segmentation.ALPHA_SETTINGS
+
+
+def merge_data(base: dict[str, Any], **data: Any) -> dict[str, Any]:
+    """``base`` with keys of its ``data`` section replaced."""
+    return {**base, "data": {**base["data"], **data}}
+
+
 @dataclass
 class Suite:
     description: str
@@ -56,6 +81,40 @@ class Suite:
     seeds: tuple[int, ...] = (0, 1, 2)
     extra: list[str] = field(default_factory=list)
     ffd: bool = False  # a central reference per dataset and seed; FFD logged by every run
+    # run label -> the dataset labels it runs on (default: every one)
+    runs_on: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # what the suite draws at the end besides the table: (out, every (raw, folder)) -> files
+    finish: Callable[[Path, list[tuple[dict, str]]], list[Path]] | None = None
+
+
+def segmentation_figures(out: Path, work: list[tuple[dict, str]]) -> list[Path]:
+    """The segmentation suite's figures: for each split the qualitative figure of the
+    lowest seed's fedavg, fedmargin and central runs (``OUT/qualitative_<split>.png``) and
+    the partition statistics of the three splits side by side (the seed's Fig. S1,
+    ``OUT/partition.png``)."""
+    from protofl.config import config_from_dict
+    from protofl.data.registry import load_dataset
+    from protofl.report.segmentation import partition_figure, runs_figure
+
+    first: dict[tuple[str, str], tuple[int, str, dict]] = {}
+    for raw, folder in work:
+        parts = Path(folder).parts
+        key, seed = (parts[-3], parts[-2]), raw["seed"]
+        if key not in first or seed < first[key][0]:
+            first[key] = (seed, folder, raw)
+    central = [v for (ds, run), v in first.items() if run == "central"]
+    written, splits = [], {}
+    for ds in dict.fromkeys(ds for ds, _ in first):
+        folders = {run: f for (d, run), (_, f, _) in first.items() if d == ds}
+        if "central" not in folders and central:
+            folders["central"] = min(central)[1]
+        raw = first[(ds, "fedavg")][2]
+        data = load_dataset(config_from_dict(raw).data)
+        splits[f"α = {raw['data']['alpha']:g}"] = data
+        written.append(runs_figure(folders, out / f"qualitative_{ds}.png",
+                                   title=f"{data.name}, α = {raw['data']['alpha']:g}"))
+    written.append(partition_figure(splits, out / "partition.png"))
+    return written
 
 
 SUITES: dict[str, Suite] = {
@@ -113,6 +172,17 @@ SUITES: dict[str, Suite] = {
          **{name: {"algorithm": name} for name in ("fedavg", "fedprox", "moon", "fedproto",
                                                      "fedtgp", "fedplvm")}},
     ),
+    "segmentation": Suite(
+        "fedavg vs fedmargin and the centralized baseline on the embedded Shapes "
+        "segmentation set, Dirichlet alpha = 0.01, 0.1 and 1, 3 seeds: mIoU table, curves, "
+        "qualitative and partition figures",
+        {f"shapes-{name}": merge_data(SHAPES_SEG, alpha=a) for name, a in SEG_ALPHAS.items()},
+        {"fedavg": {"algorithm": "fedavg"}, "fedmargin": {"algorithm": "fedmargin"},
+         "central": {"algorithm": "central"}},
+        # the pooled data do not depend on alpha: the reference is trained once per seed
+        runs_on={"central": ("shapes-a1",)},
+        finish=segmentation_figures,
+    ),
 }
 
 
@@ -144,6 +214,8 @@ def plan(name: str, out: Path, seeds: tuple[int, ...] | None = None,
                 raw = merge(merge(base, CENTRAL), {"seed": seed, **(overrides or {})})
                 jobs.append((raw, str(out / ds / "central" / f"seed{seed}")))
         for label, over in suite.runs.items():
+            if ds not in suite.runs_on.get(label, (ds,)):
+                continue
             for seed in seeds or suite.seeds:
                 raw = merge(merge(base, over), {"seed": seed, **(overrides or {})})
                 if suite.ffd:
@@ -190,6 +262,10 @@ def run_suite(name: str, out: Path, jobs: int | None = None, seeds: tuple[int, .
                     for _ in pool.imap_unordered(_one, [(r, f, False) for r, f in phase]):
                         bar.update(1)
     text = compare([Path(f) for _, f in work], out / "table.md", overwrite=True)
+    finish = SUITES[name].finish
+    figures = finish(out, work) if finish is not None else []
     write_html(sections([out]), out / "report.html", overwrite=True,
                title=f"protofl suite {name}")
+    if figures:
+        text += "\nfigures: " + ", ".join(str(f) for f in figures)
     return text

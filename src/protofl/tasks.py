@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 
 VOID = 255  # segmentation label of void/boundary pixels (never a class)
+TASKS = ("classification", "segmentation")
+DENSE_PIXELS = 1 << 19  # label pixels per forward pass when metrics batch dense predictions
 
 
 def dense(y: torch.Tensor) -> bool:
@@ -21,7 +23,7 @@ def per_sample_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Ten
     sample's non-void pixels of per-pixel scores ``(B, C, H, W)`` (0 for an all-void image)."""
     if not dense(y):
         return F.cross_entropy(logits, y, reduction="none")
-    per_pixel = F.cross_entropy(logits, y, reduction="none", ignore_index=VOID)
+    per_pixel = F.cross_entropy(logits, y.long(), reduction="none", ignore_index=VOID)
     valid = (y != VOID).flatten(1).to(per_pixel.dtype)
     return per_pixel.flatten(1).sum(1) / valid.sum(1).clamp_min(1.0)
 
@@ -37,3 +39,13 @@ def labelled_features(z: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, t
     rows, labels = z.permute(0, 2, 3, 1).reshape(-1, d), small.reshape(-1)
     keep = labels != VOID
     return rows[keep], labels[keep]
+
+
+def rows_per_pass(y: torch.Tensor, batch: int) -> int:
+    """Rows a metric may pass through the model at once: ``batch``, or for per-pixel labels
+    at most ``DENSE_PIXELS`` label pixels' worth (a 256 x 256 image's logits and features
+    are megabytes each), at least one."""
+    if not dense(y):
+        return batch
+    pixels = max(1, y[0].numel()) if len(y) else 1
+    return max(1, min(batch, DENSE_PIXELS // pixels))

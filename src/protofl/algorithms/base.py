@@ -108,9 +108,12 @@ def forward(model: torch.nn.Module, params: Tensors, buffers: Tensors, x: torch.
     return functional_call(model, {**params, **buffers}, (x,), strict=False)
 
 
+FEATURE_BATCH = 4096  # rows per forward pass when computing features
+
+
 @torch.no_grad()
 def features(model: torch.nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor,
-             batch: int = 4096) -> torch.Tensor:
+             batch: int = FEATURE_BATCH) -> torch.Tensor:
     """The features ``z`` of every row of ``x``, computed ``batch`` rows at a time."""
     if len(x) == 0:
         return torch.empty(0, getattr(model, "feature_dim", 0))
@@ -121,9 +124,20 @@ def features(model: torch.nn.Module, params: Tensors, buffers: Tensors, x: torch
 def class_prototypes(model: ProtoNet, params: Tensors, buffers: Tensors, x: torch.Tensor,
                      y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Class-mean features of a client's data under the given weights: ``(C, d)``, ``(C,)``
-    (per pixel for segmentation labels)."""
-    z, labels = tasks.labelled_features(features(model, params, buffers, x), y)
-    return prototype_math.class_means(z, labels, num_classes)
+    (per pixel for segmentation labels, whose feature maps are summed a few images at a
+    time: a whole client's maps would not fit in memory)."""
+    if not tasks.dense(y):
+        z, labels = tasks.labelled_features(features(model, params, buffers, x), y)
+        return prototype_math.class_means(z, labels, num_classes)
+    step = tasks.rows_per_pass(y, FEATURE_BATCH)
+    sums = torch.zeros(num_classes, model.feature_dim)
+    counts = torch.zeros(num_classes)
+    for i in range(0, len(y), step):
+        z, labels = tasks.labelled_features(
+            features(model, params, buffers, x[i:i + step], step), y[i:i + step])
+        s, n = prototype_math.class_sums(z, labels, num_classes)
+        sums, counts = sums.to(s.dtype) + s, counts.to(n.dtype) + n
+    return sums / counts.clamp_min(1).unsqueeze(1), counts
 
 
 def weighted_mean(values: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -162,6 +176,10 @@ class Algorithm:
     client_defaults_source: ClassVar[str] = ""
     personalized: ClassVar[bool] = False  # each client keeps and is evaluated with its own model
     centralized: ClassVar[bool] = False  # trained on the pooled data (the central baseline)
+    # the tasks (protofl.tasks.TASKS) its loss and uploads are written for; the engine
+    # refuses the others. Per-sample feature terms (contrastive, prototype heads) make an
+    # algorithm classification-only.
+    tasks: ClassVar[tuple[str, ...]] = ("classification",)
     # client-level DP and secure sums (docs/privacy.md): why the server rule needs each client's
     # upload ("" when sums over clients do), and what DP feeds such a rule instead ("": refused)
     needs_individual: ClassVar[str] = ""

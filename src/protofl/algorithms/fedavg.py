@@ -9,11 +9,13 @@ import torch
 
 from protofl.algorithms.base import Algorithm, Tensors
 from protofl.config import option
+from protofl.tasks import TASKS
 
 
 class FedAvg(Algorithm):
     name = "fedavg"
     description = "FedAvg (McMahan et al.): W = sum n_k W_k / sum n_k; stragglers dropped"
+    tasks = TASKS
 
 
 def proximal_term(params: Tensors, anchor: Tensors) -> torch.Tensor:
@@ -38,6 +40,7 @@ class FedProx(Algorithm):
     client_defaults_source = ("Li et al. 2020 (experimental details): stragglers' partial work "
                               "aggregated, batch 10, E = 20 (the learning rate is tuned per "
                               "dataset, so none is set)")
+    tasks = TASKS
 
     def client_begin(self, model, broadcast, client_state, x, y) -> ProxContext:
         return {"anchor": broadcast["params"]}
@@ -56,6 +59,7 @@ class FedAtt(Algorithm):
     name = "fedatt"
     description = "FedAtt (Ji et al.): per-layer softmax attention over ||w - w_k||, step epsilon"
     Options = AttOptions
+    tasks = TASKS
     needs_individual = "its attention is a softmax over each client's distance to the model"
 
     def aggregate(self, state, uploads, round):

@@ -35,6 +35,7 @@ from protofl.algorithms.base import (
     sample_weights,
 )
 from protofl.config import option
+from protofl.tasks import TASKS
 
 
 @dataclass
@@ -128,6 +129,7 @@ class FedMargin(Algorithm):
                    "prototype-margin attention, weighted sampling, partial work tolerated")
     Options = MarginOptions
     client_defaults = {"tolerate_partial": True, "sampling": "weighted"}
+    tasks = TASKS  # segmentation: pixel prototypes (labels nearest-downsampled, void dropped)
     client_defaults_source = ("the first seed: weighted client sampling, partial work "
                               "tolerated (its optimiser settings are per dataset: configs/)")
 

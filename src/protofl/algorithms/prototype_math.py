@@ -13,10 +13,18 @@ EPS = 1e-8
 def class_means(z: torch.Tensor, y: torch.Tensor, num_classes: int
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-class mean feature ``(C, d)`` and per-class count ``(C,)``; absent classes are 0."""
+    sums, counts = class_sums(z, y, num_classes)
+    return sums / counts.clamp_min(1).unsqueeze(1), counts
+
+
+def class_sums(z: torch.Tensor, y: torch.Tensor, num_classes: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-class sum of the rows of ``z (n, d)`` ``(C, d)`` and per-class count ``(C,)``
+    (what class means are accumulated from, a batch at a time)."""
     counts = torch.bincount(y, minlength=num_classes).to(z.dtype)
     sums = torch.zeros(num_classes, z.shape[1], dtype=z.dtype, device=z.device)
     sums.index_add_(0, y, z)
-    return sums / counts.clamp_min(1).unsqueeze(1), counts
+    return sums, counts
 
 
 def minmax(p: torch.Tensor, present: torch.Tensor, mode: str = "class",

@@ -52,7 +52,9 @@ class FederatedData:
     the images whose mask contains c.
 
     With ``scale`` set, rows hold integers (e.g. uint8 pixels) and ``inputs`` divides them by
-    ``scale`` (255 for 8-bit images); without, rows are model inputs already.
+    ``scale`` (255 for 8-bit images); without, rows are model inputs already. ``mean`` and
+    ``std`` (one value per channel, with ``scale``) then standardise each channel of the
+    scaled rows, ``(x / scale - mean) / std`` (what an ImageNet-pretrained encoder expects).
     """
 
     name: str
@@ -70,6 +72,8 @@ class FederatedData:
     labels_local_test: torch.Tensor | None = None
     labels_test: torch.Tensor | None = None
     scale: float | None = None
+    mean: tuple[float, ...] | None = None  # per-channel standardisation of scaled rows
+    std: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         self.train_offsets = np.asarray(self.train_offsets, dtype=np.int64)
@@ -84,6 +88,10 @@ class FederatedData:
             self.class_names = [str(c) for c in range(self.num_classes)]
         if self.scale is not None and self.x_train.is_floating_point():
             raise ProtoflError(f"{self.name}: a scale is given but the rows are already floats")
+        if (self.mean is None) != (self.std is None) or (self.mean is not None and (
+                self.scale is None or len(self.mean) != len(self.std) or min(self.std) <= 0)):
+            raise ProtoflError(f"{self.name}: mean and std need a scale, one value per channel "
+                               "each and std > 0")
         counts = np.zeros((self.num_clients, self.num_classes), dtype=np.int64)
         if self.labels_train is not None and len(self.labels_train) != len(self.y_train):
             raise ProtoflError(f"{self.name}: labels_train does not match the training samples")
@@ -98,11 +106,19 @@ class FederatedData:
 
     def inputs(self, x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Model inputs from stored rows (gathered from any split): integer rows as ``dtype``
-        divided by ``scale`` (bit-identical to converting the source to float up front);
-        floating rows are returned as they are."""
+        divided by ``scale`` and, with ``mean``/``std``, standardised per channel (a row's
+        first dimension), bit-identical to converting the source up front; floating rows
+        are returned as they are."""
         if self.scale is None or x.is_floating_point():
             return x
-        return x.to(dtype).div_(self.scale)
+        out = x.to(dtype).div_(self.scale)
+        if self.mean is None:
+            return out
+        lead = x.dim() - len(self.input_shape)  # rows may be gathered as (n, b, C, H, W)
+        shape = (1,) * lead + (len(self.mean),) + (1,) * (len(self.input_shape) - 1)
+        mean = torch.tensor(self.mean, dtype=dtype).reshape(shape)
+        std = torch.tensor(self.std, dtype=dtype).reshape(shape)
+        return out.sub_(mean).div_(std)
 
     def decoded(self) -> FederatedData:
         """The same federation with every split converted to float32 model inputs (how all
@@ -161,8 +177,8 @@ class FederatedData:
             x_local_test=self.x_local_test, y_local_test=self.y_local_test,
             test_offsets=np.array([0, len(self.y_local_test)]), x_test=self.x_test,
             y_test=self.y_test, class_names=self.class_names, scale=self.scale,
-            labels_train=self.labels_train, labels_local_test=self.labels_local_test,
-            labels_test=self.labels_test)
+            mean=self.mean, std=self.std, labels_train=self.labels_train,
+            labels_local_test=self.labels_local_test, labels_test=self.labels_test)
 
     def summary(self) -> dict:
         """Partition statistics: sizes and classes per client (the seed's Fig. S1)."""
@@ -304,15 +320,17 @@ def from_partition(
     labels: torch.Tensor | None = None,
     labels_test: torch.Tensor | None = None,
     scale: float | None = None,
+    mean: tuple[float, ...] | None = None,
+    std: tuple[float, ...] | None = None,
 ) -> FederatedData:
     """Build the container from a pool and per-client index arrays (a partitioner's output).
 
     Each client's samples are shuffled and split into local train and test parts (at least
     one test sample when the fraction is positive, at least one train sample); the pool is
     then gathered once per split, ordered by client, straight into the split arrays.
-    ``scale``: see ``FederatedData``. For segmentation, ``y`` and ``y_test`` are masks (kept in
-    their dtype) and ``labels``/``labels_test`` the per-image object classes (gathered like
-    ``y``).
+    ``scale``, ``mean``, ``std``: see ``FederatedData``. For segmentation, ``y`` and
+    ``y_test`` are masks (kept in their dtype) and ``labels``/``labels_test`` the per-image
+    object classes (gathered like ``y``).
     """
     rng = np.random.default_rng(seed)
     train, test = [], []
@@ -340,7 +358,7 @@ def from_partition(
         x_train=gather(x, tr, "x_train", disk), y_train=_target(y[tr_t]),
         train_offsets=train_offsets, x_local_test=x_local_test, y_local_test=y_local_test,
         test_offsets=test_offsets, x_test=x_test, y_test=_target(y_test),
-        class_names=class_names or [], scale=scale,
+        class_names=class_names or [], scale=scale, mean=mean, std=std,
         labels_train=lab[tr_t] if lab is not None else None,
         labels_local_test=lab[te_t] if lab is not None else None,
         labels_test=labels_test.long() if labels_test is not None else None,

@@ -27,6 +27,10 @@ def _pil():
 
 
 PIXEL_MAX = 255.0  # FederatedData.scale of 8-bit images
+# FederatedData.mean/std of the segmentation sets: the ImageNet channel statistics that a
+# pretrained MobileNetV2 encoder (model.pretrained) was trained with
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 MODES = {"RGB": 3, "L": 1}
 
 

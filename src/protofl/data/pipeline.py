@@ -1,6 +1,8 @@
 """How a client's local data become training batches: the sample order of each local epoch
 and an optional per-batch transform (augmentation). An algorithm declares its pipeline (e.g.
-fedproin's class-balanced epochs with adaptive augmentation); the trainers only run it."""
+fedproin's class-balanced epochs with adaptive augmentation); the data may add its own
+augmentation (``data.augment``, e.g. segmentation's joint crop and flip), which runs first
+(``compose``); the trainers only run them."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from protofl.errors import ProtoflError
 
 Order = Callable[[torch.Tensor, torch.Generator], torch.Tensor]  # (y, gen) -> indices
 # (x, y, gen, the client's per-class sample counts) -> transformed (x, y); y changes with x
@@ -39,3 +43,33 @@ class ClientPipeline:
 
     order: Order = shuffled
     transform: Transform | None = None
+
+
+AUGMENTATIONS = ("none", "crop_flip")  # the values of data.augment
+
+
+def augmentation(name: str) -> Transform | None:
+    """The data-level transform ``data.augment`` names (None for ``none``)."""
+    if name == "none":
+        return None
+    if name == "crop_flip":
+        from protofl.data.seg_augment import crop_flip_transform
+
+        return crop_flip_transform()
+    raise ProtoflError(f"config: data.augment = {name!r}; allowed: {', '.join(AUGMENTATIONS)}")
+
+
+def compose(*transforms: Transform | None) -> Transform | None:
+    """The transforms given (None skipped) applied one after another with the same batch
+    generator and class counts; None when there is none."""
+    chain = [t for t in transforms if t is not None]
+    if len(chain) <= 1:
+        return chain[0] if chain else None
+
+    def run(x: torch.Tensor, y: torch.Tensor, gen: torch.Generator, counts: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        for t in chain:
+            x, y = t(x, y, gen, counts)
+        return x, y
+
+    return run

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from protofl.config import DataConfig
@@ -21,7 +21,12 @@ class DatasetSpec:
     needs_files: bool = True
     partition: str | None = None  # the default partition scheme (None: natural clients)
     task: str = "classification"  # or "segmentation": y holds masks (N, H, W), 255 = void
+    augment: str = "none"  # data.augment when the config leaves it null
+    model_options: dict = field(default_factory=dict)  # its model's size (e.g. DeepLab width)
 
+
+# a DeepLab sized for 48 px images on a CPU (benchmarks/shapes_central.py)
+SHAPES_MODEL = {"width": 0.5, "seg_channels": 64}
 
 DATASETS: dict[str, DatasetSpec] = {
     "synthetic": DatasetSpec("protofl.data.registry:_synthetic", "mlp",
@@ -65,19 +70,22 @@ DATASETS: dict[str, DatasetSpec] = {
                       "a local folder; needs the 'hf' extra)"),
     "voc_seg": DatasetSpec("protofl.data.segmentation:voc_seg_federation", "deeplabv3plus",
                            "Pascal VOC 2012 single-object images, 21 classes (segmentation)",
-                           task="segmentation", partition="dirichlet_powerlaw"),
+                           task="segmentation", partition="dirichlet_powerlaw",
+                           augment="crop_flip"),
     "voc_seg_macro": DatasetSpec("protofl.data.segmentation:voc_seg_macro_federation",
                                  "deeplabv3plus", "Pascal VOC 2012 single-object images, the "
                                  "seed's 5 macro classes (segmentation)", task="segmentation",
-                                 partition="dirichlet_powerlaw"),
+                                 partition="dirichlet_powerlaw", augment="crop_flip"),
     "shapes": DatasetSpec("protofl.data.shapes:shapes_federation", "deeplabv3plus",
                           "generated textured shapes on clutter, 9 classes, 20 clients "
                           "(segmentation, no download)", needs_files=False,
-                          task="segmentation", partition="dirichlet_powerlaw"),
+                          task="segmentation", partition="dirichlet_powerlaw",
+                          augment="crop_flip", model_options=SHAPES_MODEL),
     "shapes_macro": DatasetSpec("protofl.data.shapes:shapes_macro_federation", "deeplabv3plus",
                                 "generated shapes, 5 macro classes, 20 clients (segmentation, "
                                 "no download)", needs_files=False, task="segmentation",
-                                partition="dirichlet_powerlaw"),
+                                partition="dirichlet_powerlaw", augment="crop_flip",
+                                model_options=SHAPES_MODEL),
 }
 
 
@@ -86,6 +94,21 @@ def _synthetic(cfg: DataConfig) -> FederatedData:
 
     return synthetic_federation(cfg.synthetic_alpha, cfg.synthetic_beta,
                                 cfg.num_clients or 30, cfg.seed, cfg.local_test_fraction)
+
+
+def dataset_task(name: str, task: str | None = None) -> str:
+    """The task of dataset ``name``; ``task`` (the config's, if set) must agree with it."""
+    spec = dataset_spec(name)
+    if task is not None and task != spec.task:
+        others = [n for n, s in DATASETS.items() if s.task == task]
+        raise ProtoflError(f"config: task = {task} but dataset {name!r} is {spec.task}; "
+                           f"{task} datasets: {', '.join(others)}")
+    return spec.task
+
+
+def task_default_dataset(task: str) -> str:
+    """The dataset a run of ``task`` uses when none is named (needs no download)."""
+    return next(n for n, s in DATASETS.items() if s.task == task and not s.needs_files)
 
 
 def dataset_spec(name: str) -> DatasetSpec:

@@ -8,7 +8,9 @@ random draw comes from the ``torch.Generator`` passed in.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -68,16 +70,46 @@ def warp_pair(x: torch.Tensor, mask: torch.Tensor, theta: torch.Tensor,
         raise ProtoflError(f"joint augmentation needs images (N, C, H, W) and masks (N, H, W) "
                            f"of one size, got {tuple(x.shape)} and {tuple(mask.shape)}")
     h, w = size or tuple(x.shape[-2:])
-    xf = x.float() if not x.is_floating_point() else x
-    grid = F.affine_grid(theta.to(xf.dtype), [len(x), 1, h, w], align_corners=False)
-    out = F.grid_sample(xf, grid, mode="bilinear", padding_mode="border", align_corners=False)
-    if x.dtype == torch.uint8:
-        out = out.round().clamp(0, 255).to(torch.uint8)
+    out, grid = _warp(x, theta, (h, w))
     shifted = (mask.to(torch.float32) + 1)[:, None]  # 0 marks "outside the image"
     m = F.grid_sample(shifted, grid.float(), mode="nearest", padding_mode="zeros",
                       align_corners=False)[:, 0]
     m = torch.where(m == 0, torch.full_like(m, VOID + 1), m) - 1
     return out, m.round().to(mask.dtype)
+
+
+def _warp(x: torch.Tensor, theta: torch.Tensor, size: tuple[int, int]
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images resampled (bilinear, border padding) through ``theta``, and the sampling grid."""
+    xf = x.float() if not x.is_floating_point() else x
+    grid = F.affine_grid(theta.to(xf.dtype), [len(x), 1, *size], align_corners=False)
+    out = F.grid_sample(xf, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    if x.dtype == torch.uint8:
+        out = out.round().clamp(0, 255).to(torch.uint8)
+    return out, grid
+
+
+def crop_flip_transform(spec: CropFlip = CropFlip()) -> Callable[
+        [torch.Tensor, torch.Tensor, torch.Generator, torch.Tensor],
+        tuple[torch.Tensor, torch.Tensor]]:
+    """A client-pipeline transform (``data.pipeline.Transform``; picklable, so it travels to
+    the parallel trainer's workers): a random resized crop and flip of every image of a
+    batch, drawn from the batch generator; segmentation masks ``(B, H, W)`` go through the
+    same map (nearest), class labels ``(B,)`` are unchanged."""
+    return functools.partial(_crop_flip, spec)
+
+
+def _crop_flip(spec: CropFlip, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator,
+               counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if len(x) == 0:
+        return x, y
+    if x.dim() != 4:
+        raise ProtoflError(f"crop_flip augmentation needs images (N, C, H, W), got "
+                           f"{tuple(x.shape)}")
+    theta = crop_flip_params(len(x), x.shape[-2], x.shape[-1], spec, gen)
+    if y.dim() == 3:
+        return warp_pair(x, y, theta, spec.size)
+    return _warp(x, theta, spec.size or tuple(x.shape[-2:]))[0], y
 
 
 def random_crop_flip(x: torch.Tensor, mask: torch.Tensor, gen: torch.Generator,

@@ -11,9 +11,10 @@ The seed's subset is kept: images whose mask holds exactly one object class besi
 background (void ignored). Labels are the 21 VOC classes (0 = background) or the seed's 5
 macro classes (background, person, vehicles, household, animals). Images are resized
 bilinearly and masks by nearest neighbour to ``data.image_size`` (default 128) and stored as
-uint8 ``(N, 3, S, S)`` and ``(N, S, S)`` (255 kept). Training images are partitioned with
-``dirichlet_powerlaw`` over their object class (Dirichlet ``data.alpha``, power-law sizes
-``data.gamma`` = 3); the val list is the global test set.
+uint8 ``(N, 3, S, S)`` and ``(N, S, S)`` (255 kept); ``FederatedData.inputs`` standardises
+the images a batch at a time with the ImageNet channel statistics. Training images are
+partitioned with ``dirichlet_powerlaw`` over their object class (Dirichlet ``data.alpha``,
+power-law sizes ``data.gamma`` = 3); the val list is the global test set.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from protofl.data.federated import FederatedData, from_partition
+from protofl.data.images import IMAGENET_MEAN, IMAGENET_STD, PIXEL_MAX
 from protofl.data.partition import capped, config_partition
 from protofl.data.voc import MACRO_CLASSES, MACRO_OF, VOC_CLASSES, VOC_CLIENTS, VOC_SIZE
 from protofl.errors import ProtoflError
@@ -201,7 +203,8 @@ def voc_segmentation(cfg, macro: bool = False) -> FederatedData:
         torch.from_numpy(y), parts, torch.from_numpy(x_test), torch.from_numpy(y_test),
         cfg.local_test_fraction, cfg.seed, list(names),
         labels=torch.from_numpy(lab.astype(np.int64)),
-        labels_test=torch.from_numpy(lab_test.astype(np.int64)))
+        labels_test=torch.from_numpy(lab_test.astype(np.int64)),
+        scale=PIXEL_MAX, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
 def voc_seg_federation(cfg) -> FederatedData:

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from protofl.data.federated import FederatedData, from_partition
+from protofl.data.images import IMAGENET_MEAN, IMAGENET_STD, PIXEL_MAX
 from protofl.data.partition import capped, config_partition
 from protofl.errors import ProtoflError
 
@@ -206,7 +207,8 @@ def _shapes(cfg, macro: bool) -> FederatedData:
         "shapes_macro" if macro else "shapes", len(names), torch.from_numpy(x),
         torch.from_numpy(y), parts, torch.from_numpy(x_test), torch.from_numpy(y_test),
         cfg.local_test_fraction, cfg.seed, names, labels=torch.from_numpy(lab.astype(np.int64)),
-        labels_test=torch.from_numpy(lab_test.astype(np.int64)))
+        labels_test=torch.from_numpy(lab_test.astype(np.int64)),
+        scale=PIXEL_MAX, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
 def shapes_federation(cfg) -> FederatedData:

@@ -34,7 +34,7 @@ from protofl.errors import ProtoflError
 
 BUDGET_ENV = "PROTOFL_DATA_BUDGET_MB"
 CACHE_ENV = "PROTOFL_CACHE"
-VERSION = 1  # bump when the layout of cached arrays changes
+VERSION = 2  # bump when the layout of cached arrays changes
 META = "meta.json"
 LABELS = "labels.npz"
 
@@ -172,14 +172,18 @@ def save_meta(s: Store, data) -> None:
     folder = s.folder
     for arr in s.maps:
         arr.flush()
+    per_image = {k: getattr(data, k).numpy() for k in ("labels_train", "labels_local_test",
+                                                       "labels_test")
+                 if getattr(data, k) is not None}  # segmentation: each image's object class
     np.savez(folder / LABELS, y_train=data.y_train.numpy(), y_local_test=data.y_local_test.numpy(),
              y_test=data.y_test.numpy(), train_offsets=data.train_offsets,
-             test_offsets=data.test_offsets)
+             test_offsets=data.test_offsets, **per_image)
     arrays = {k: {"shape": list(getattr(data, k).shape),
                   "dtype": str(getattr(data, k).numpy().dtype)}
               for k in ("x_train", "x_local_test", "x_test")}
     meta = {"version": VERSION, "name": data.name, "num_classes": data.num_classes,
-            "class_names": data.class_names, "scale": data.scale, "arrays": arrays,
+            "class_names": data.class_names, "scale": data.scale, "mean": data.mean,
+            "std": data.std, "arrays": arrays,
             "test_is_local": data.x_test is data.x_local_test}
     tmp = folder / (META + ".tmp")
     tmp.write_text(json.dumps(meta))
@@ -230,4 +234,10 @@ def load_cached(folder: Path):
         x_local_test=x["x_local_test"], y_local_test=torch.from_numpy(labels["y_local_test"]),
         test_offsets=labels["test_offsets"], x_test=x["x_test"],
         y_test=torch.from_numpy(labels["y_test"]), class_names=meta["class_names"],
-        scale=meta["scale"])
+        scale=meta["scale"], mean=_floats(meta.get("mean")), std=_floats(meta.get("std")),
+        **{k: torch.from_numpy(labels[k]) for k in ("labels_train", "labels_local_test",
+                                                    "labels_test") if k in labels})
+
+
+def _floats(v: list | None) -> tuple[float, ...] | None:
+    return None if v is None else tuple(float(a) for a in v)

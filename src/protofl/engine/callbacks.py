@@ -118,7 +118,7 @@ class TestMetrics(Callback):
             if weights is not None:
                 record.update(fm.evaluate(alg, alg.model, weights["params"], weights["buffers"],
                                           state, data.x_test, data.y_test, data.num_classes,
-                                          batch, inputs=data.inputs))
+                                          batch, data.inputs, data.class_names))
             preds = fm.client_predictions(alg, alg.model, state, data, exp.client_states, batch)
         record.update(fm.client_figures(preds, data.num_classes, pooled=alg.personalized))
 

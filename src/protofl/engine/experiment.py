@@ -13,10 +13,11 @@ import numpy as np
 import torch
 
 from protofl.algorithms.base import validate_upload
-from protofl.algorithms.registry import make_algorithm
+from protofl.algorithms.registry import ALGORITHMS, algorithm_class, make_algorithm
 from protofl.config import Config, resolve_defaults
 from protofl.data.federated import FederatedData
-from protofl.data.registry import dataset_spec, load_dataset
+from protofl.data.pipeline import augmentation
+from protofl.data.registry import dataset_spec, dataset_task, load_dataset
 from protofl.engine import device as devices
 from protofl.engine.callbacks import Callback, load_callback, metric_callbacks
 from protofl.engine.parallel import choose_trainer, resolve_workers, usable_cores
@@ -31,7 +32,7 @@ from protofl.engine.schedule import (
 )
 from protofl.engine.train import ClientResult, LocalSetup, RoundContext, Trainer
 from protofl.errors import Diverged, ProtoflError
-from protofl.models.registry import build_model
+from protofl.models.registry import build_model, resolve_model_config
 from protofl.nested import flatten
 
 log = logging.getLogger("protofl")
@@ -45,6 +46,18 @@ def auto_threads(model: torch.nn.Module) -> int:
     if sum(p.numel() for p in model.parameters()) < SMALL_MODEL:
         return 1
     return max(1, usable_cores() // 2)
+
+
+def check_task(cfg: Config) -> str:
+    """The run's task (the dataset's; ``cfg.task``, when set, must agree), and that the
+    algorithm is written for it: one-line errors otherwise."""
+    task = dataset_task(cfg.data.name, cfg.task)
+    cls = algorithm_class(cfg.algorithm)
+    if task not in cls.tasks:
+        fit = [n for n in ALGORITHMS if task in algorithm_class(n).tasks]
+        raise ProtoflError(f"algorithm {cls.name!r} supports {' and '.join(cls.tasks)} only, "
+                           f"not {task} ({cfg.data.name}); {task} algorithms: {', '.join(fit)}")
+    return task
 
 
 class Experiment:
@@ -64,26 +77,32 @@ class Experiment:
                  callbacks: list[Callback] | None = None, data: FederatedData | None = None):
         self.device = devices.resolve(cfg.device)
         self.server = devices.server_device(self.device)  # the state and aggregation
+        spec = dataset_spec(cfg.data.name)
+        task = check_task(cfg)  # before anything is loaded
+        model_name = cfg.model.name if cfg.model.name != "auto" else spec.model
+        model_cfg = resolve_model_config(model_name, cfg.model, spec.model_options)
         self.data = data = data if data is not None else load_dataset(
             cfg.data, lean=True)  # rows as stored (e.g. uint8)
-        model_name = cfg.model.name if cfg.model.name != "auto" else (
-            dataset_spec(cfg.data.name).model)
         torch.manual_seed(cfg.seed)
-        model = build_model(model_name, data.input_shape, data.num_classes, cfg.model)
+        model = build_model(model_name, data.input_shape, data.num_classes, model_cfg)
         self.alg = make_algorithm(cfg.algorithm, cfg.algo, model, data.num_classes)
         self.alg.model.to(self.device)  # built on the CPU: the same weights on every device
         threads = cfg.threads or auto_threads(self.alg.model)
         torch.set_num_threads(threads)
+        augment = cfg.data.augment or spec.augment
+        if augment != "none" and len(data.input_shape) != 3:
+            raise ProtoflError(f"config: data.augment = {augment} needs images (C, H, W); "
+                               f"{data.name} rows are {data.input_shape}")
         defaults = dict(self.alg.client_defaults)
         if dp_on(cfg) and cfg.clients.sampling is None:
             defaults["sampling"] = "uniform"  # DP cannot account for size-weighted sampling
         self.cfg = cfg = dataclasses.replace(
-            cfg, algorithm=self.alg.name, algo=self.alg.options(), threads=threads,
+            cfg, algorithm=self.alg.name, algo=self.alg.options(), threads=threads, task=task,
             workers=resolve_workers(cfg.workers),
             data=dataclasses.replace(cfg.data, num_clients=data.num_clients,
-                                     partition=cfg.data.partition or dataset_spec(
-                                         cfg.data.name).partition),
-            model=dataclasses.replace(cfg.model, name=model_name),
+                                     partition=cfg.data.partition or spec.partition,
+                                     augment=augment),
+            model=dataclasses.replace(model_cfg, name=model_name),
             clients=resolve_defaults(cfg.clients, defaults),
             metrics=resolve_defaults(cfg.metrics, {"save_weights": self.alg.centralized}))
         c = cfg.clients
@@ -110,7 +129,7 @@ class Experiment:
         self.last: dict = {}  # the last evaluated round's record
         self.setup = LocalSetup(c.batch_size, c.local_steps is not None, c.optimizer, c.lr,
                                 c.momentum, c.weight_decay, cfg.seed, str(self.device),
-                                cfg.precision)
+                                cfg.precision, augmentation(augment))
         self.trainer = trainer or choose_trainer(cfg.trainer, self.alg.model, self.device,
                                                  cfg.workers, cfg.precision)
         self.callbacks = (metric_callbacks() if callbacks is None else list(callbacks)) + [

@@ -36,8 +36,8 @@ LEGACY_CHECKPOINT = "checkpoint.pt"  # written by protofl <= 0.1 with torch.save
 LOCK = ".protofl.lock"
 # Every file protofl writes into a run folder; ``--overwrite`` removes these and nothing else.
 ARTEFACTS = (CONFIG, METRICS, SUMMARY, CHECKPOINT, LEGACY_CHECKPOINT, "curves.png",
-             "confusion.png", "tsne.png", "flower.log", "stats.json", "stats.png",
-             "tracking.json")
+             "confusion.png", "tsne.png", "segmentation.png", "flower.log", "stats.json",
+             "stats.png", "tracking.json")
 
 
 def json_safe(obj: Any) -> Any:

@@ -30,6 +30,7 @@ from torch.utils._pytree import tree_map
 from protofl.algorithms.base import Algorithm, Tensors
 from protofl.algorithms.optimizers import make_optimizer
 from protofl.data.federated import FederatedData
+from protofl.data.pipeline import Transform, compose
 from protofl.engine import device as devices
 from protofl.engine.schedule import AUGMENT, ORDER, Job, local_schedule, torch_gen
 
@@ -47,6 +48,7 @@ class LocalSetup:
     seed: int = 0
     device: str = "cpu"  # where clients train (a torch device string)
     precision: str = "fp32"  # fp32, or autocast in bf16 / fp16
+    augment: Transform | None = None  # the data's batch transform, before the algorithm's
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,7 @@ class ClientWork:
     augment_gen: torch.Generator
     class_counts: torch.Tensor  # (C,) its samples per class, for a pipeline transform
     stats_from: int = 0  # first batch whose statistics count (the last pass)
+    transform: Transform | None = None  # the data's augmentation, then the algorithm's
 
 
 def prepare_client(rc: RoundContext, job: Job) -> ClientWork:
@@ -117,10 +120,11 @@ def prepare_client(rc: RoundContext, job: Job) -> ClientWork:
     order = torch_gen(setup.seed, ORDER, rc.round, job.client)
     batches, last = local_schedule(alg.pipeline.order, y_host, job.units, setup.batch_size,
                                    setup.by_steps, order)
+    transform = compose(setup.augment, alg.pipeline.transform)
     counts = (torch.bincount(y.flatten(), minlength=rc.data.num_classes)[:rc.data.num_classes]
-              if alg.pipeline.transform is not None else torch.empty(0))
+              if transform is not None else torch.empty(0))
     return ClientWork(job, x, y, ctx, batches, torch_gen(setup.seed, AUGMENT, rc.round, job.client),
-                      counts, len(batches) - last)
+                      counts, len(batches) - last, transform)
 
 
 def add_stats(total: Tensors | None, stats: Tensors) -> Tensors | None:
@@ -134,10 +138,11 @@ def add_stats(total: Tensors | None, stats: Tensors) -> Tensors | None:
 
 def transformed(alg: Algorithm, work: ClientWork, x: torch.Tensor, y: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch through the algorithm's pipeline transform (augmentation), if it has one."""
-    if alg.pipeline.transform is None:
+    """A batch through the client's transforms (the data's augmentation, then the
+    algorithm's pipeline transform), if it has any."""
+    if work.transform is None:
         return x, y
-    return alg.pipeline.transform(x, y, work.augment_gen, work.class_counts)
+    return work.transform(x, y, work.augment_gen, work.class_counts)
 
 
 def finish_client(rc: RoundContext, work: ClientWork, params: Tensors, buffers: Tensors,

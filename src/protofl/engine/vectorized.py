@@ -230,7 +230,7 @@ def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors
         r = rows[:n, t, :b]
         x = data.inputs(devices.upload(data.x_train[r], dev))
         y = devices.upload(data.y_train[r], dev)
-        if alg.pipeline.transform is not None:
+        if works[0].transform is not None:  # the same transforms for every client
             x, y = x.clone(), y.clone()
             for i in range(n):
                 m = int(sizes[i, t])

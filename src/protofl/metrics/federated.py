@@ -23,9 +23,11 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_map
 
+from protofl import tasks
 from protofl.algorithms import prototype_math
 from protofl.algorithms.base import Algorithm, Tensors
 from protofl.data.federated import FederatedData
+from protofl.metrics import segmentation as seg
 from protofl.metrics.classification import report
 from protofl.models.nets import ProtoNet
 
@@ -58,27 +60,42 @@ def put(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     return x.to(device)
 
 
+def predictor(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors,
+              state: Tensors) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``alg.predict`` with these weights as a function of host model inputs, computed on the
+    model's device (eval mode; scores at least float32, on that device)."""
+    model.eval()
+    dev = model_device(model)
+    params, buffers, state = on(params, dev), on(buffers, dev), on(state, dev)
+
+    def predict(x: torch.Tensor) -> torch.Tensor:
+        out = alg.predict(model, params, buffers, state, put(x, dev))
+        return out if out.dtype in (torch.float32, torch.float64) else out.float()
+    return predict
+
+
 @torch.no_grad()
 def scores(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors, state: Tensors,
            x: torch.Tensor, batch: int, inputs: Inputs | None = None) -> torch.Tensor:
     """Class scores of rows ``x``, ``batch`` rows a pass, computed on the model's device (at
     least float32); ``inputs`` turns each batch of stored rows into model inputs (default: the
     rows are inputs already)."""
-    model.eval()
-    dev = model_device(model)
-    params, buffers, state = on(params, dev), on(buffers, dev), on(state, dev)
+    predict = predictor(alg, model, params, buffers, state)
     prep = inputs or (lambda v: v)
-    out = torch.cat([alg.predict(model, params, buffers, state, prep(put(x[i:i + batch], dev)))
-                     for i in range(0, max(len(x), 1), batch)])
-    return out if out.dtype in (torch.float32, torch.float64) else out.float()
+    return torch.cat([predict(prep(x[i:i + batch])) for i in range(0, max(len(x), 1), batch)])
 
 
 def evaluate(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors,
              state: Tensors, x: torch.Tensor, y: torch.Tensor, num_classes: int,
-             batch: int = EVAL_BATCH, inputs: Inputs | None = None) -> dict:
-    """Classification report plus mean cross-entropy of the class scores."""
+             batch: int = EVAL_BATCH, inputs: Inputs | None = None,
+             class_names: list[str] | None = None) -> dict:
+    """Classification report plus mean cross-entropy of the class scores (segmentation
+    masks: ``metrics.segmentation.evaluate``, mIoU and pixel accuracy)."""
     if len(y) == 0:
         return {}
+    if tasks.dense(y):
+        return seg.evaluate(predictor(alg, model, params, buffers, state), x, y, num_classes,
+                            batch, inputs, class_names)
     s = scores(alg, model, params, buffers, state, x, batch, inputs)
     out = report(y.numpy(), s.argmax(1).cpu().numpy(), num_classes)
     out["loss"] = float(F.cross_entropy(s, y.to(s.device)))
@@ -98,6 +115,7 @@ def client_predictions(alg: Algorithm, model: ProtoNet, state: Tensors, data: Fe
     concatenated test rows, split back by the offsets; only personalised models go one by one.
     """
     ks = range(data.num_clients) if clients is None else clients
+    batch = tasks.rows_per_pass(data.y_local_test, batch)
     off = data.test_offsets
     ks = [int(k) for k in ks if off[k + 1] > off[k]]
     weights = {k: alg.eval_weights(state, client_states.get(k, {})) for k in ks}
@@ -111,15 +129,25 @@ def client_predictions(alg: Algorithm, model: ProtoNet, state: Tensors, data: Fe
             x = data.x_local_test[torch.from_numpy(np.concatenate(
                 [np.arange(off[k], off[k + 1]) for k in shared]))]
         w = weights[shared[0]]
-        p = scores(alg, model, w["params"], w["buffers"], state, x, batch, data.inputs
-                   ).argmax(1).cpu()
+        p = labels(alg, model, w["params"], w["buffers"], state, x, batch, data.inputs)
         sizes = [int(off[k + 1] - off[k]) for k in shared]
         preds.update(zip(shared, torch.split(p, sizes)))
     for k in ks if alg.personalized else []:
         w = weights[k]
-        preds[k] = scores(alg, model, w["params"], w["buffers"], state, data.client_test(k)[0],
-                          batch, data.inputs).argmax(1).cpu()
+        preds[k] = labels(alg, model, w["params"], w["buffers"], state, data.client_test(k)[0],
+                          batch, data.inputs)
     return {k: (data.client_test(k)[1], preds[k]) for k in sorted(preds)}
+
+
+def labels(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors,
+           state: Tensors, x: torch.Tensor, batch: int, inputs: Inputs | None = None
+           ) -> torch.Tensor:
+    """Predicted labels (argmax of the class scores) of rows ``x``, on the CPU, ``batch`` rows
+    a pass (for label maps only a pass's scores are ever held)."""
+    if len(x) == 0:
+        return scores(alg, model, params, buffers, state, x, batch, inputs).argmax(1).cpu()
+    return torch.cat([scores(alg, model, params, buffers, state, x[i:i + batch], batch,
+                             inputs).argmax(1).cpu() for i in range(0, len(x), batch)])
 
 
 def client_figures(preds: dict[int, tuple[torch.Tensor, torch.Tensor]], num_classes: int,
@@ -127,10 +155,13 @@ def client_figures(preds: dict[int, tuple[torch.Tensor, torch.Tensor]], num_clas
     """``local_accuracy`` (mean over clients), ``client_accuracy`` (per client, by id) and
     ``clients_evaluated`` (how many clients those figures cover); with ``pooled``, also the
     classification report of all clients' predictions together (how personalised methods are
-    scored)."""
+    scored). Segmentation: pixel accuracies and per-client mIoU too
+    (``metrics.segmentation.client_figures``)."""
     if not preds:
         return {"clients_evaluated": 0}
     ks = sorted(preds)
+    if tasks.dense(preds[ks[0]][0]):
+        return {**seg.client_figures(preds, num_classes, pooled), "clients_evaluated": len(ks)}
     accs = [float((preds[k][1] == preds[k][0]).float().mean()) for k in ks]
     out = report(torch.cat([preds[k][0] for k in ks]).numpy(),
                  torch.cat([preds[k][1] for k in ks]).numpy(), num_classes) if pooled else {}
@@ -150,6 +181,9 @@ def train_loss(alg: Algorithm, model: ProtoNet, state: Tensors, data: FederatedD
     idx = torch.arange(n) if n <= max_samples else torch.from_numpy(
         np.sort(np.random.default_rng(seed).choice(n, max_samples, replace=False)))
     weights = alg.global_weights(state)
+    if tasks.dense(data.y_train):
+        return seg.mean_loss(predictor(alg, model, weights["params"], weights["buffers"], state),
+                             data.x_train[idx], data.y_train[idx], batch, data.inputs)
     s = scores(alg, model, weights["params"], weights["buffers"], state, data.x_train[idx], batch,
                data.inputs)
     return float(F.cross_entropy(s, data.y_train[idx].to(s.device)))
@@ -175,7 +209,7 @@ def client_gradient_stream(model: ProtoNet, params: Tensors, buffers: Tensors, s
 
     def summed(p, x, y, w):
         _, logits = functional_call(model, {**p, **buffers}, (x,))
-        return (F.cross_entropy(logits, y, reduction="none") * w).sum()
+        return (tasks.per_sample_cross_entropy(logits, y) * w).sum()
 
     per_piece = vmap(grad(summed), in_dims=(None, 0, 0, 0))
     pbytes = 4 * sum(v.numel() for v in params.values())
@@ -249,6 +283,8 @@ def gradient_dissimilarity(model: ProtoNet, params: Tensors, buffers: Tensors,
           if data.train_offsets[k + 1] > data.train_offsets[k]]
     if not ks or (max_per_client is not None and max_per_client <= 0):
         return None
+    max_per_client = tasks.rows_per_pass(data.y_train, max_per_client)  # label maps: fewer
+    chunk_rows = tasks.rows_per_pass(data.y_train, chunk_rows)
     model.eval()
     dev = model_device(model)
     params, buffers = on(params, dev), on(buffers, dev)

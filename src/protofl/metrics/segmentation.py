@@ -1,5 +1,6 @@
 """Segmentation figures: a confusion matrix accumulated over a whole test set, per-class IoU,
-mIoU and pixel accuracy, and the seed's two per-pixel entropy maps.
+mIoU and pixel accuracy, and the seed's two per-pixel entropy maps; a model's figures over a
+split, a few images at a time (``evaluate``, ``mean_loss``, ``client_figures``).
 
 Conventions. Pixels whose target is ``ignore`` (255, VOC's void/boundary label) count nowhere.
 The IoU of class c is ``m[c, c] / (row_c + col_c - m[c, c])``; a class absent from both the
@@ -9,13 +10,18 @@ only predicted (or only present in the truth) has IoU 0 and does count.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from protofl import tasks
 from protofl.errors import ProtoflError
 
 VOID = 255
+Predict = Callable[[torch.Tensor], torch.Tensor]  # model inputs -> logits (B, C, H, W)
+Inputs = Callable[[torch.Tensor], torch.Tensor]  # stored rows -> model inputs
 
 
 def confusion(target: torch.Tensor, pred: torch.Tensor, num_classes: int,
@@ -122,3 +128,71 @@ def feature_entropy(z: torch.Tensor, size: tuple[int, int] | None = None) -> tor
     if size is not None and tuple(h.shape[-2:]) != tuple(size):
         h = F.interpolate(h[:, None], size=size, mode="bilinear", align_corners=False)[:, 0]
     return h.to(z.dtype)
+
+
+# ---- a model's figures over a split (the per-round metrics of segmentation runs) ----
+
+def _passes(predict: Predict, x: torch.Tensor, y: torch.Tensor, batch: int,
+            inputs: Inputs | None):
+    """``(labels, logits)`` of consecutive batches of at most ``batch`` rows (capped so a
+    pass holds ``tasks.DENSE_PIXELS`` label pixels)."""
+    step = tasks.rows_per_pass(y, batch)
+    prep = inputs or (lambda v: v)
+    for i in range(0, len(y), step):
+        yield y[i:i + step], predict(prep(x[i:i + step]))
+
+
+@torch.no_grad()
+def evaluate(predict: Predict, x: torch.Tensor, y: torch.Tensor, num_classes: int,
+             batch: int, inputs: Inputs | None = None,
+             class_names: list[str] | None = None) -> dict:
+    """The segmentation report (``report``) of the logits ``predict`` gives for rows ``x``
+    against masks ``y``, one confusion matrix over the whole split, plus ``accuracy`` (the
+    pixel accuracy, under the name every task logs), ``loss`` (the mean over images of
+    their mean pixel cross-entropy, void ignored: the local training objective) and
+    ``confusion`` (pixels)."""
+    if len(y) == 0:
+        return {}
+    meter = ConfusionMeter(num_classes)
+    loss = 0.0
+    for yb, logits in _passes(predict, x, y, batch, inputs):
+        meter.update(yb, logits)
+        loss += float(tasks.per_sample_cross_entropy(logits, yb.to(logits.device)).double().sum())
+    out = meter.report(class_names)
+    out["accuracy"] = out["pixel_accuracy"]
+    out["loss"] = loss / len(y)
+    out["confusion"] = meter.matrix.tolist()
+    return out
+
+
+@torch.no_grad()
+def mean_loss(predict: Predict, x: torch.Tensor, y: torch.Tensor, batch: int,
+              inputs: Inputs | None = None) -> float:
+    """Mean over images of their mean non-void pixel cross-entropy (the training loss)."""
+    total = sum(float(tasks.per_sample_cross_entropy(logits, yb.to(logits.device)).double().sum())
+                for yb, logits in _passes(predict, x, y, batch, inputs))
+    return total / max(len(y), 1)
+
+
+def client_figures(preds: dict[int, tuple[torch.Tensor, torch.Tensor]], num_classes: int,
+                   pooled: bool, class_names: list[str] | None = None) -> dict:
+    """Per-client figures on each client's own local test split, from ``client -> (masks,
+    predicted label maps)``: ``client_accuracy`` (pixel accuracy) and ``client_miou`` (mIoU
+    of the client's own confusion matrix: the classes in its truth or its prediction), by
+    id, and their means over clients ``local_accuracy`` and ``local_miou``; with ``pooled``,
+    also the report of all clients' pixels together (personalised models)."""
+    if not preds:
+        return {}
+    ks = sorted(preds)
+    mats = {k: confusion(preds[k][0], preds[k][1], num_classes).numpy() for k in ks}
+    acc = {str(k): pixel_accuracy(mats[k]) for k in ks}
+    miou = {str(k): mean_iou(mats[k]) for k in ks}
+    out = {}
+    if pooled:
+        total = sum(mats.values())
+        out = report(total, class_names)
+        out["accuracy"] = out["pixel_accuracy"]
+        out["confusion"] = np.asarray(total).tolist()
+    out.update(local_accuracy=float(np.mean(list(acc.values()))), client_accuracy=acc,
+               local_miou=float(np.mean(list(miou.values()))), client_miou=miou)
+    return out

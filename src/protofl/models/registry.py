@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 from protofl.config import ModelConfig
@@ -20,6 +21,28 @@ MODELS: dict[str, tuple[str, str]] = {
 
 
 SEG_OPTIONS = ("width", "output_stride", "channels")
+# DeepLab's config keys (model.*) and the values they take when neither the config nor the
+# dataset sets them
+DEEPLAB_KEYS = {"width": 1.0, "output_stride": 16, "seg_channels": 256}
+
+
+def resolve_model_config(name: str, cfg: ModelConfig, dataset_defaults: dict | None = None
+                         ) -> ModelConfig:
+    """``cfg`` with DeepLab's null keys filled (the dataset's values, else the defaults), so
+    the resolved config names the model built; a DeepLab key set for another model, or
+    channels that are not a multiple of 8, is a one-line error."""
+    given = [k for k in DEEPLAB_KEYS if getattr(cfg, k) is not None]
+    if name != "deeplabv3plus":
+        if given:
+            raise ProtoflError(f"config: model.{given[0]} applies to deeplabv3plus only, not "
+                               f"{name!r}")
+        return cfg
+    if cfg.seg_channels is not None and cfg.seg_channels % 8:
+        raise ProtoflError(f"config: model.seg_channels = {cfg.seg_channels} is out of range; "
+                           "allowed: a multiple of 8, >= 8")
+    fill = {k: (dataset_defaults or {}).get(k, v) for k, v in DEEPLAB_KEYS.items()
+            if getattr(cfg, k) is None}
+    return dataclasses.replace(cfg, **fill)
 
 
 def _mlp(in_shape, num_classes):

@@ -14,7 +14,7 @@ from protofl.errors import ProtoflError
 from protofl.metrics.mmd import ffd
 from protofl.nested import flatten
 from protofl.report import outputs
-from protofl.report.labels import COLUMNS, LEGEND, row_labels, setting_caption
+from protofl.report.labels import COLUMNS, LEGEND, headers, row_labels, setting_caption
 from protofl.report.plots import plot_groups, plot_weights
 
 REFERENCE = "fedavg"  # FFD(A, B) compares every method A with B = this one
@@ -51,7 +51,7 @@ def dataset_label(run: dict) -> str:
     return f"{run['summary']['dataset']} ({scheme}{detail.get(scheme, '')})"
 
 
-IN_DATASET_LABEL = {"algorithm", "data.name", "data.partition", "data.alpha",
+IN_DATASET_LABEL = {"algorithm", "task", "data.name", "data.partition", "data.alpha",
                     "data.classes_per_client"}
 
 
@@ -139,18 +139,25 @@ def caption_text(t: Table) -> str:
 def table_data(t: Table) -> dict:
     """The numbers behind a table: ``label -> {algorithm, seeds, column: {mean, std}}``."""
     cols = [c for c in COLUMNS if any(len(row.values(c)) for row in t.rows)]
+    names = headers(cols, segmentation(t))
     out = {}
     for row in t.rows:
         out[row.label] = {"algorithm": row.algorithm, "seeds": len(row.runs),
                           "folders": [str(r["folder"]) for r in row.runs],
                           **{c: mean_std(row.values(c)) for c in cols}}
-    return {"caption": caption_text(t), "columns": cols, "rows": out, "table4": table4(t)}
+    return {"caption": caption_text(t), "columns": cols, "headers": names, "rows": out,
+            "table4": table4(t)}
+
+
+def segmentation(t: Table) -> bool:
+    """Whether a table's runs are segmentation runs (they log mIoU)."""
+    return any("miou" in r["summary"] for r in t.runs)
 
 
 def table_markdown(t: Table, data: dict) -> list[str]:
     cols = data["columns"]
     lines = [f"### {t.dataset}", "", f"*{caption_text(t)}*", "",
-             "| method | seeds | " + " | ".join(COLUMNS[c] for c in cols) + " |",
+             "| method | seeds | " + " | ".join(data["headers"][c] for c in cols) + " |",
              "|---|---|" + "---|" * len(cols)]
     for label, d in data["rows"].items():
         lines.append(f"| {label} | {d['seeds']} | "
@@ -174,7 +181,8 @@ def pearson(pairs: list[tuple[float, float]]) -> dict | None:
 def table4(t: Table) -> dict:
     """The seed's Table 4 for one table: final AMM per method, FFD against fedavg from the
     final client-averaged MMD² (``mmd``; mean over seeds), and Pearson's ρ of final AMM and
-    accuracy over the table's federated runs (not the centralized baseline)."""
+    accuracy (segmentation: mIoU) over the table's federated runs (not the centralized
+    baseline)."""
     amm = {row.label: mean_std(row.values("amm")) for row in t.rows}
     mmd = {row.label: mean_std(row.values("mmd")) for row in t.rows}
     ref = [row.label for row in t.rows if row.algorithm == REFERENCE]
@@ -185,12 +193,13 @@ def table4(t: Table) -> dict:
             ffds[row.label] = ffd(mmd[row.label]["mean"], mmd[ref[0]]["mean"])
         else:
             ffds[row.label] = None
-    pairs = [(r["summary"]["amm"], r["summary"]["accuracy"]) for r in t.runs
+    score = "miou" if segmentation(t) else "accuracy"
+    pairs = [(r["summary"]["amm"], r["summary"][score]) for r in t.runs
              if r["summary"]["algorithm"] != CENTRAL  # across federated methods only
              and isinstance(r["summary"].get("amm"), (int, float))
-             and isinstance(r["summary"].get("accuracy"), (int, float))]
+             and isinstance(r["summary"].get(score), (int, float))]
     return {"amm": amm, "mmd": mmd, "ffd": ffds, "reference": ref[0] if ref else None,
-            "pearson": pearson(pairs), "pairs": len(pairs)}
+            "pearson": pearson(pairs), "pairs": len(pairs), "score": COLUMNS[score]}
 
 
 def ffd_cell(t4: dict, label: str) -> str:
@@ -203,11 +212,11 @@ def ffd_cell(t4: dict, label: str) -> str:
 
 
 def pearson_text(t4: dict) -> str:
-    p = t4["pearson"]
+    p, score = t4["pearson"], t4.get("score", "accuracy")
     if p is None:
-        return (f"Pearson rho(final AMM, accuracy): not computable ({t4['pairs']} runs with "
+        return (f"Pearson rho(final AMM, {score}): not computable ({t4['pairs']} runs with "
                 "both; needs 3 with some spread)")
-    return (f"Pearson rho(final AMM, accuracy) = {p['rho']:.2f} (p = {p['p']:.2g}, "
+    return (f"Pearson rho(final AMM, {score}) = {p['rho']:.2f} (p = {p['p']:.2g}, "
             f"{p['runs']} runs)")
 
 

@@ -17,9 +17,12 @@ NAMES = {"accuracy": "test accuracy", "balanced_accuracy": "balanced accuracy",
          "mmd": "MMD² to the central model (mean over clients)", "ffd": "FFD vs fedavg (%)",
          "f1_weighted": "weighted F1", "f1_macro": "macro F1", "precision_weighted":
          "weighted precision", "precision_macro": "macro precision", "recall_weighted":
-         "weighted recall", "recall_macro": "macro recall", "miou": "mIoU",
+         "weighted recall", "recall_macro": "macro recall", "miou": "test mIoU",
+         "pixel_accuracy": "test pixel accuracy", "mean_class_accuracy":
+         "mean class accuracy (pixels)", "local_miou": "local mIoU (mean over clients)",
          "seconds": "wall-clock s (cumulative)"}
-FIRST = ("accuracy", "loss", "train_loss", "local_accuracy", "dissimilarity", "amm", "mmd")
+FIRST = ("miou", "accuracy", "loss", "train_loss", "local_miou", "local_accuracy",
+         "dissimilarity", "amm", "mmd")
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
           "#7f7f7f", "#bcbd22", "#17becf")
 

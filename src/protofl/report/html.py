@@ -12,7 +12,6 @@ import numpy as np
 
 from protofl.report import assets, figures, outputs
 from protofl.report.compare import (
-    COLUMNS,
     LEGEND,
     REFERENCE,
     Table,
@@ -54,7 +53,7 @@ def _png(path: Path, alt: str) -> str:
 
 def comparison_table(t: Table, data: dict) -> str:
     cols = data["columns"]
-    head = "".join(f"<th>{escape(COLUMNS[c])}</th>" for c in cols)
+    head = "".join(f"<th>{escape(data['headers'][c])}</th>" for c in cols)
     body = []
     for i, (label, d) in enumerate(data["rows"].items()):
         cells = "".join(f"<td>{escape(fmt(d[c], c))}</td>" for c in cols)

@@ -36,11 +36,20 @@ KEY_WORDS = {"clients.lr": "lr", "clients.per_round": "per round", "clients.stra
              "clients.local_epochs": "local epochs", "clients.batch_size": "batch",
              "clients.optimizer": "optimizer"}
 
-# columns of the comparison table: summary key -> header
-COLUMNS = {"accuracy": "accuracy", "balanced_accuracy": "balanced accuracy",
-           "f1_weighted": "weighted F1", "local_accuracy": "local accuracy",
-           "train_loss": "training loss", "dissimilarity": "gradient dissimilarity",
-           "amm": "AMM", "seconds": "wall-clock s"}
+# columns of the comparison table: summary key -> header (a column shows when a run has it)
+COLUMNS = {"miou": "mIoU", "accuracy": "accuracy", "balanced_accuracy": "balanced accuracy",
+           "f1_weighted": "weighted F1", "local_miou": "local mIoU",
+           "local_accuracy": "local accuracy", "train_loss": "training loss",
+           "dissimilarity": "gradient dissimilarity", "amm": "AMM", "seconds": "wall-clock s"}
+# segmentation runs log their pixel accuracy under the keys every task logs
+SEGMENTATION_HEADERS = {"accuracy": "pixel accuracy", "local_accuracy": "local pixel accuracy"}
+
+
+def headers(columns: list[str], segmentation: bool) -> dict[str, str]:
+    """The header of each column of a table (of segmentation runs, or not)."""
+    names = {**COLUMNS, **(SEGMENTATION_HEADERS if segmentation else {})}
+    return {c: names[c] for c in columns}
+
 LEGEND = ("accuracy, balanced accuracy, weighted F1: the final aggregate model on the global "
           "test set (personalised methods: each client's own model on its own test split, "
           "pooled); local accuracy: the mean over clients of the accuracy on their own test "
@@ -50,7 +59,12 @@ LEGEND = ("accuracy, balanced accuracy, weighted F1: the final aggregate model o
           "metrics.dissimilarity_exact (every client, every row); AMM: "
           "aggregate mean margin of the clients' prototypes against the aggregate ones; "
           "wall-clock s: seconds the whole run spent in its rounds (local training, aggregation "
-          "and the per-round evaluation), without loading data or building the model.")
+          "and the per-round evaluation), without loading data or building the model. "
+          "Segmentation tables: mIoU: the mean over classes of the IoU from one confusion "
+          "matrix of every pixel of the global test set (void ignored; a class in neither "
+          "truth nor prediction left out); pixel accuracy: correct non-void pixels; local "
+          "mIoU and local pixel accuracy: means over clients of the figure on their own test "
+          "split; training loss: the mean over images of their mean pixel cross-entropy.")
 
 # keys that never explain a difference in results
 IGNORED = {"seed", "checkpoint_every", "data.root", "metrics.eval_batch",

@@ -19,6 +19,13 @@ CURVES = (("accuracy", "test accuracy"), ("train_loss", "training loss"),
           ("dissimilarity", "gradient dissimilarity"), ("amm", "aggregate mean margin"))
 
 
+def curves_of(runs_rows: list[list[dict]]) -> tuple[tuple[str, str], ...]:
+    """The four curves of runs: test mIoU instead of accuracy for segmentation runs."""
+    if any("miou" in r for rows in runs_rows for r in rows):
+        return (("miou", "test mIoU"),) + CURVES[1:]
+    return CURVES
+
+
 def series(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
     pts = [(r["round"], r[key]) for r in rows if r.get(key) is not None]
     if not pts:
@@ -32,7 +39,7 @@ def plot_run(folder: Path) -> None:
     folder = Path(folder)
     rows = runfolder.read_metrics(folder)
     fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
-    for ax, (key, label) in zip(axes, CURVES):
+    for ax, (key, label) in zip(axes, curves_of([rows])):
         x, y = series(rows, key)
         ax.plot(x, y)
         ax.set_title(label)
@@ -73,13 +80,19 @@ def confusion_figure(m: np.ndarray, title: str = "", names: list[str] | None = N
 
 
 class PlotRun(Callback):
-    """Draws a run folder's ``curves.png`` and ``confusion.png`` when the run ends."""
+    """Draws a run folder's ``curves.png`` and ``confusion.png`` when the run ends, and for a
+    segmentation run with an aggregate model ``segmentation.png`` (a few fixed test images,
+    their truth, the prediction and the two entropy maps)."""
 
     def __init__(self, out: Path):
         self.out = Path(out)
 
     def on_run_end(self, exp, summary) -> None:
         plot_run(self.out)
+        if exp.data.task == "segmentation" and exp.alg.global_weights(exp.state) is not None:
+            from protofl.report.segmentation import run_figure
+
+            run_figure(exp, self.out / "segmentation.png")
 
 
 def plot_confusion(m: np.ndarray, path: Path, title: str = "",
@@ -92,7 +105,7 @@ def plot_confusion(m: np.ndarray, path: Path, title: str = "",
 def plot_groups(groups: dict[str, list[list[dict]]], path: Path, title: str = "") -> None:
     """One line per group (e.g. an algorithm), mean over its runs, shaded ±1 std."""
     fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.4))
-    for ax, (key, label) in zip(axes, CURVES):
+    for ax, (key, label) in zip(axes, curves_of([r for runs in groups.values() for r in runs])):
         drawn = False
         for name, runs in groups.items():
             curves = [series(rows, key) for rows in runs]

@@ -160,3 +160,71 @@ def partition_figure(splits: Mapping[str, FederatedData], path: str | Path,
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+# ---- the figures of finished runs ----
+
+FIGURE_IMAGES = 4  # test images in a run's segmentation figure
+
+
+def figure_images(data: FederatedData, n: int = FIGURE_IMAGES) -> np.ndarray:
+    """Indices of ``n`` fixed global-test images: the first image of each object class, in
+    class order, then the first of the others (the same images for every run of a dataset)."""
+    if data.labels_test is not None:
+        labels = data.labels_test.numpy()
+        firsts = [int(np.flatnonzero(labels == c)[0]) for c in np.unique(labels)]
+    else:
+        firsts = []
+    rest = [i for i in range(len(data.y_test)) if i not in set(firsts)]
+    return np.asarray((firsts + rest)[:n], dtype=np.int64)
+
+
+@torch.no_grad()
+def model_maps(exp, index: np.ndarray) -> dict[str, torch.Tensor]:
+    """The three maps of a run's aggregate model (``exp``: an Experiment) on the global-test
+    images ``index``."""
+    from protofl.algorithms.base import forward
+
+    weights = exp.alg.global_weights(exp.state)
+    if weights is None:
+        raise ProtoflError(f"{exp.alg.name} keeps personalised models: no aggregate model to "
+                           "draw")
+    exp.alg.model.eval()
+    x = exp.data.inputs(exp.data.x_test[torch.from_numpy(index)])
+    return maps_from_outputs(*forward(exp.alg.model, weights["params"], weights["buffers"], x))
+
+
+def run_figure(exp, path: str | Path, n: int = FIGURE_IMAGES) -> Path:
+    """One run's figure: ``n`` fixed test images, their truth and the aggregate model's
+    prediction and entropy maps."""
+    index = figure_images(exp.data, n)
+    data = exp.data
+    return qualitative_figure(data.x_test[index], data.y_test[index],
+                              {exp.alg.name: model_maps(exp, index)}, path, data.class_names,
+                              f"{exp.alg.name} on {data.name}, round {exp.round}")
+
+
+def runs_figure(folders: Mapping[str, str | Path], path: str | Path,
+                n: int = FIGURE_IMAGES, title: str = "") -> Path:
+    """The seed's qualitative figure from finished runs (label -> run folder, e.g. fedavg,
+    fedmargin and central): each run's last checkpoint is loaded and its aggregate model
+    drawn on the same ``n`` fixed test images. The runs must share a segmentation test set."""
+    from protofl.report.runs import restored
+
+    if not folders:
+        raise ProtoflError("segmentation figure: no runs given")
+    maps, first = {}, None
+    for label, folder in folders.items():
+        exp = restored(Path(folder))
+        data = exp.data
+        if data.task != "segmentation":
+            raise ProtoflError(f"segmentation figure: {folder} is a {data.task} run")
+        if first is None:
+            first, index = data, figure_images(data, n)
+        elif data.name != first.name or data.y_test.shape != first.y_test.shape or not (
+                torch.equal(data.y_test, first.y_test)):
+            raise ProtoflError(f"segmentation figure: {folder} has another test set than "
+                               f"{next(iter(folders.values()))}")
+        maps[label] = model_maps(exp, index)
+    return qualitative_figure(first.x_test[index], first.y_test[index], maps, path,
+                              first.class_names, title or first.name)

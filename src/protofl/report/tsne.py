@@ -1,4 +1,6 @@
-"""t-SNE of the final aggregate model's features per class (the seed's Fig. S3)."""
+"""t-SNE of the final aggregate model's features per class (the seed's Fig. S3): one point
+per global-test sample, or for segmentation per sampled pixel of the feature map (labels
+nearest-downsampled, background and void left out, VOC colours, as the seed draws it)."""
 
 from __future__ import annotations
 
@@ -11,41 +13,83 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from protofl.algorithms.base import features  # noqa: E402
-from protofl.engine import runfolder  # noqa: E402
+from protofl import tasks  # noqa: E402
+from protofl.algorithms.base import Tensors, features  # noqa: E402
+from protofl.data.federated import FederatedData  # noqa: E402
 from protofl.errors import ProtoflError  # noqa: E402
+from protofl.report.runs import restored  # noqa: E402
+
+BACKGROUND = 0
+POOL = 4  # pixels gathered per pixel drawn, before the uniform draw
+
+
+def pixel_features(model, weights: Tensors, data: FederatedData, samples: int, seed: int
+                   ) -> tuple[torch.Tensor, np.ndarray]:
+    """Up to ``samples`` labelled pixel feature rows of the global test set, background and
+    void left out: test images in a seeded order, a few at a time, until ``POOL`` times that
+    many rows are gathered (or the images run out), then ``samples`` of them drawn
+    uniformly."""
+    order = torch.from_numpy(np.random.default_rng(seed).permutation(len(data.y_test)))
+    step = tasks.rows_per_pass(data.y_test, 256)
+    rows, labels, have = [], [], 0
+    for i in range(0, len(order), step):
+        idx = order[i:i + step]
+        z = features(model, weights["params"], weights["buffers"],
+                     data.inputs(data.x_test[idx]), step)
+        r, c = tasks.labelled_features(z, data.y_test[idx])
+        keep = c != BACKGROUND
+        rows.append(r[keep])
+        labels.append(c[keep])
+        have += int(keep.sum())
+        if have >= POOL * samples:
+            break
+    z, y = torch.cat(rows), torch.cat(labels).numpy()
+    if not len(y):
+        raise ProtoflError(f"{data.name}: no labelled object pixel in the test set to embed")
+    pick = np.sort(np.random.default_rng(seed + 1).permutation(len(y))[:samples])
+    return z[torch.from_numpy(pick)], y[pick]
 
 
 def tsne_plot(folder: Path, samples: int = 1000, seed: int = 0) -> Path:
-    """Embed the features z of up to ``samples`` global-test samples under the run's last
-    checkpointed global weights; writes and returns ``folder/tsne.png``."""
+    """Embed the features z of up to ``samples`` global-test samples (segmentation: pixels)
+    under the run's last checkpointed global weights; writes and returns
+    ``folder/tsne.png``."""
     from sklearn.manifold import TSNE
 
-    from protofl.config import config_from_dict
-    from protofl.engine.experiment import Experiment
-
     folder = Path(folder)
-    exp = Experiment(config_from_dict(runfolder.load_config_json(folder)))
-    exp.restore(runfolder.load_checkpoint(folder))
+    exp = restored(folder)
     weights = exp.alg.global_weights(exp.state)
     if weights is None:
         raise ProtoflError(f"{exp.alg.name} keeps personalised models: no global model to embed")
-    x, y = exp.data.x_test, exp.data.y_test
-    pick = np.sort(np.random.default_rng(seed).permutation(len(y))[:samples])
     exp.alg.model.eval()
-    z = features(exp.alg.model, weights["params"], weights["buffers"],
-                 exp.data.inputs(x[torch.from_numpy(pick)]))
+    data = exp.data
+    dense = data.task == "segmentation"
+    if dense:
+        z, labels = pixel_features(exp.alg.model, weights, data, samples, seed)
+    else:
+        x, y = data.x_test, data.y_test
+        pick = np.sort(np.random.default_rng(seed).permutation(len(y))[:samples])
+        z = features(exp.alg.model, weights["params"], weights["buffers"],
+                     data.inputs(x[torch.from_numpy(pick)]))
+        labels = y[pick].numpy()
     emb = TSNE(2, init="pca", random_state=seed,
-               perplexity=min(30.0, max(2.0, len(pick) / 4))).fit_transform(z.numpy())
-    labels = y[pick].numpy()
+               perplexity=min(30.0, max(2.0, len(labels) / 4))).fit_transform(z.numpy())
     fig, ax = plt.subplots(figsize=(6, 6))
-    cmap = plt.get_cmap("tab20")
+    if dense:
+        from protofl.report.segmentation import voc_colormap
+
+        colours = voc_colormap() / 255.0
+    else:
+        cmap = plt.get_cmap("tab20")
+        colours = [cmap(c % 20) for c in range(data.num_classes)]
     for c in np.unique(labels):
         m = labels == c
-        ax.scatter(emb[m, 0], emb[m, 1], s=6, color=cmap(int(c) % 20),
-                   label=exp.data.class_names[int(c)])
+        ax.scatter(emb[m, 0], emb[m, 1], s=6, color=colours[int(c)],
+                   label=data.class_names[int(c)])
     ax.legend(fontsize=7, markerscale=2, loc="best")
-    ax.set_title(f"{exp.alg.name} on {exp.data.name}, round {exp.round}: t-SNE of features")
+    what = "pixel features (background left out)" if dense else "features"
+    ax.set_title(f"{exp.alg.name} on {data.name}, round {exp.round}: t-SNE of {what}",
+                 fontsize=9)
     ax.set_xticks([])
     ax.set_yticks([])
     fig.tight_layout()
