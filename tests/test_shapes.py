@@ -36,7 +36,8 @@ def test_generation_is_fast():
 
 
 def test_federated_layout_and_macro():
-    data = load_dataset(DataConfig(name="shapes", num_clients=6, alpha=0.1, image_size=32))
+    data = load_dataset(DataConfig(name="shapes", num_clients=6, alpha=0.1, image_size=32),
+                        lean=True)
     assert data.task == "segmentation" and data.num_classes == 9
     assert data.class_names == ["background", *SHAPE_CLASSES]
     assert data.x_train.dtype == torch.uint8 and data.y_train.dtype == torch.uint8
@@ -63,7 +64,7 @@ def test_deeplab_learns_shapes():
     ~0.86 on the 9 classes). Deterministic: one thread, fixed seeds."""
     torch.manual_seed(0)
     data = load_dataset(DataConfig(name="shapes_macro", num_clients=1, image_size=32,
-                                   max_samples=600))
+                                   max_samples=600), lean=True)
     model = DeepLabV3Plus(data.input_shape, data.num_classes, width=0.35, channels=32)
     opt = torch.optim.Adam(model.parameters(), lr=5e-3)
     gen = torch.Generator().manual_seed(0)
