@@ -137,8 +137,8 @@ def test_ffd_not_measured_and_pearson_not_computable_say_so(tmp_path):
     make_run(tmp_path / "a", "fedavg")
     make_run(tmp_path / "b", "fedmargin")
     text = compare([tmp_path / "a", tmp_path / "b"])
-    assert "| FFD vs fedavg (%) | not measured | not measured |" in text
-    assert "not computable (2 runs with both" in text
+    assert "FFD not measured: no run logged `mmd`" in text and "| FFD vs" not in text
+    assert "| AMM |" in text and "not computable (2 runs with both" in text
 
 
 # ---- compare never damages anything (issue 13, item 2) ----

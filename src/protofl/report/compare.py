@@ -225,14 +225,17 @@ def table4_markdown(t: Table, t4: dict) -> list[str]:
         return []
     labels = [row.label for row in t.rows]
     ref = t4["reference"] or REFERENCE
-    lines = [f"**Table 4, {t.dataset}**: final AMM per method (top) and FFD against "
-             f"{ref} (bottom, % = 100 (MMD_{ref} − MMD_method) / MMD_{ref}, MMD² to a "
-             "centrally trained model's features, averaged over clients and seeds)", "",
-             "| | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels),
-             "| AMM | " + " | ".join(fmt(t4["amm"][label]) for label in labels) + " |",
-             "| FFD vs " + ref + " (%) | " + " | ".join(ffd_cell(t4, label) for label in labels)
-             + " |", "", pearson_text(t4), ""]
-    return lines
+    head = ["| | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels),
+            "| AMM | " + " | ".join(fmt(t4["amm"][label]) for label in labels) + " |"]
+    if not any(t4["mmd"].values()):  # no run logged mmd: AMM alone
+        return [f"**Table 4, {t.dataset}**: final AMM per method (FFD not measured: no run "
+                "logged `mmd`; see `metrics.ffd_reference`)", "", *head, "",
+                pearson_text(t4), ""]
+    return [f"**Table 4, {t.dataset}**: final AMM per method (top) and FFD against "
+            f"{ref} (bottom, % = 100 (MMD_{ref} − MMD_method) / MMD_{ref}, MMD² to a "
+            "centrally trained model's features, averaged over clients and seeds)", "", *head,
+            "| FFD vs " + ref + " (%) | " + " | ".join(ffd_cell(t4, label) for label in labels)
+            + " |", "", pearson_text(t4), ""]
 
 
 def report_markdown(tables: list[Table]) -> tuple[str, dict]:
