@@ -6,7 +6,7 @@ from fakeruns import make_run
 from scipy import stats as sps
 
 from protofl.cli import main
-from protofl.report.compare import compare, load_runs, make_tables, table4
+from protofl.report.compare import compare, load_runs, make_tables, natural_key, table4
 
 
 def _one_line_exit_2(args, capsys, needle):
@@ -193,3 +193,9 @@ def test_unwritable_out_and_a_foreign_summary_are_one_line(tmp_path, capsys):
     (bad / "config.json").write_text("{}")
     (bad / "metrics.jsonl").write_text("")
     _one_line_exit_2(["compare", str(bad)], capsys, "not a protofl run summary")
+
+
+def test_tables_come_in_natural_order_of_their_settings():
+    assert sorted(["shapes (α=1.0)", "shapes (α=0.1)", "shapes (α=0.01)", "digits (k=10)",
+                   "digits (k=2)"], key=natural_key) == [
+        "digits (k=2)", "digits (k=10)", "shapes (α=0.01)", "shapes (α=0.1)", "shapes (α=1.0)"]

@@ -4,6 +4,7 @@ Table 4 (AMM and FFD per method, Pearson's ρ of final AMM and accuracy), and cu
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,13 +88,20 @@ def _clients(run: dict) -> int | None:
     return n
 
 
+def natural_key(text: str) -> list:
+    """Sort key that orders the numbers inside ``text`` by value (α=0.01 before α=0.1)."""
+    return [(0, float(s), "") if re.fullmatch(r"\d+(\.\d+)?", s) else (1, 0.0, s)
+            for s in re.split(r"(\d+(?:\.\d+)?)", text) if s]
+
+
 def make_tables(runs: list[dict]) -> list[Table]:
-    """Runs grouped by dataset (a table each) and, within, by label (a row each)."""
+    """Runs grouped by dataset (a table each, in natural order of their labels) and,
+    within, by label (a row each)."""
     by_ds: dict[str, list[dict]] = {}
     for r in runs:
         by_ds.setdefault(dataset_label(r), []).append(r)
     tables = []
-    for ds, every in by_ds.items():
+    for ds, every in sorted(by_ds.items(), key=lambda item: natural_key(item[0])):
         # the centralized baseline (one client, its own steps) is labelled and described
         # apart, so its settings neither label the federated rows nor blur the caption
         fed = [r for r in every if r["summary"]["algorithm"] != CENTRAL]
