@@ -226,14 +226,16 @@ def test_budget_stops_the_run_and_resume_keeps_it(tmp_path, caplog):
 
 def test_client_side_noise_runs_in_the_trainers_and_matches_its_accounting():
     runs = {}
-    for trainer in ("sequential", "vectorized"):
+    for trainer in ("sequential", "vectorized", "parallel"):  # parallel: the hook in the parent
         exp = Experiment(cfg("fedmargin", {"noise_multiplier": SIGMA, "noise": "client"},
-                             {"scores": "client"}, trainer=trainer))
+                             {"scores": "client"}, trainer=trainer, workers=2))
         runs[trainer] = exp
         exp.run()
-    a, b = (flatten(runs[t].state) for t in ("sequential", "vectorized"))
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+    a = flatten(runs["sequential"].state)
+    for other in ("vectorized", "parallel"):
+        b = flatten(runs[other].state)
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
     exp = runs["sequential"]
     sigma = effective_multiplier([SIGMA] * 4)  # update, attention sum, prototypes, fractions
     assert exp.private.epsilon() == pytest.approx(Accountant(sigma, 6, 3, 1e-5).epsilon(3))

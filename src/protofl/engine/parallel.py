@@ -296,6 +296,8 @@ class ParallelTrainer:
                 status, payload = "error", "a worker process died"
             if status == "ok":
                 for client, upload, state, loss in unpack(payload):
+                    if rc.upload_hook is not None:  # deterministic per (round, client): here
+                        upload = rc.upload_hook(rc, client, upload)
                     by_client[client] = ClientResult(client, upload, _own(state), loss)
             else:
                 failure = failure or payload
