@@ -13,6 +13,7 @@ import torch
 from fakedevice import OnDevice, on_device, on_host, simulated
 
 from protofl.algorithms.registry import ALGORITHMS
+from protofl.api import run_experiment
 from protofl.cli import main
 from protofl.config import config_from_dict
 from protofl.engine import device as devices
@@ -34,6 +35,14 @@ def tiny(algorithm: str, trainer: str, **over) -> dict:
     for k, v in over.items():
         raw[k] = {**raw[k], **v} if isinstance(v, dict) else v
     return raw
+
+
+SEG_TINY = {"rounds": 2, "checkpoint_every": 0,
+            "data": {"name": "shapes", "image_size": 16, "num_clients": 4, "max_samples": 80},
+            "model": {"width": 0.25, "seg_channels": 8},
+            "clients": {"per_round": 2, "local_steps": 2, "batch_size": 4},
+            "metrics": {"dissimilarity_clients": 0, "train_loss_samples": 20, "eval_batch": 16,
+                        "every": 1}}
 
 
 def figures(summary: dict) -> dict:
@@ -171,3 +180,31 @@ def test_resume_takes_a_device(tmp_path):
                  "--device", "cpu", *common]) == 0
     assert main(["run", "-q", "--resume", str(out), "--rounds", "2", "--device", "cpu"]) == 0
     assert main(["run", "-q", "--resume", str(out), "--rounds", "3", "--device", "tpu"]) == 2
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedmargin"])
+def test_segmentation_runs_on_a_device_as_on_the_cpu(monkeypatch, name):
+    """Segmentation (pixel prototypes, the data's standardisation and crop/flip, mIoU,
+    per-image losses) on the simulated accelerator gives the CPU's figures. Sequential only,
+    without the dissimilarity probe: ``vmap`` over DeepLab fails on shapes inside the
+    simulator's dispatch (not on the CPU); ``tests/test_gpu.py`` runs both on a real GPU."""
+    raw = SEG_TINY | {"algorithm": name, "trainer": "sequential"}
+    want = Experiment(config_from_dict(raw)).run()
+    monkeypatch.setattr(devices, "resolve", lambda _: torch.device("meta"))
+    with simulated():
+        exp = Experiment(config_from_dict(raw))
+        got = exp.run()
+    assert figures(got) == figures(want) and "miou" in got and "amm" in got
+    assert on_device(exp.state)
+
+
+def test_ffd_runs_on_a_device_as_on_the_cpu(monkeypatch, tmp_path):
+    """``mmd`` against a central reference (its model on the CPU) from client models on the
+    simulated accelerator equals the CPU's."""
+    run_experiment(config_from_dict(tiny("central", "sequential")), tmp_path / "central")
+    raw = tiny("fedavg", "sequential", metrics={"ffd_reference": str(tmp_path / "central")})
+    want = Experiment(config_from_dict(raw)).run()
+    monkeypatch.setattr(devices, "resolve", lambda _: torch.device("meta"))
+    with simulated():
+        got = Experiment(config_from_dict(raw)).run()
+    assert "mmd" in got and got["mmd"] == want["mmd"]

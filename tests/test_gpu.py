@@ -80,3 +80,18 @@ def _tensors(tree):
             yield from _tensors(v)
     elif isinstance(tree, torch.Tensor):
         yield tree
+
+
+@pytest.mark.parametrize("trainer", ["sequential", "vectorized"])
+@pytest.mark.parametrize("name", ["fedavg", "fedmargin"])
+def test_segmentation_on_cpu_and_cuda_agree(name, trainer):
+    raw = {"algorithm": name, "rounds": 2, "checkpoint_every": 0, "trainer": trainer,
+           "data": {"name": "shapes", "image_size": 16, "num_clients": 4, "max_samples": 80},
+           "model": {"width": 0.25, "seg_channels": 8},
+           "clients": {"per_round": 2, "local_steps": 2, "batch_size": 4},
+           "metrics": {"dissimilarity_clients": 2, "dissimilarity_rows": 4,
+                       "train_loss_samples": 20, "eval_batch": 16, "every": 1}}
+    cpu, gpu = (Experiment(config_from_dict({**raw, "device": d})).run() for d in ("cpu", "cuda"))
+    for key in ("miou", "pixel_accuracy", "loss", "train_loss", "amm", "dissimilarity"):
+        assert gpu[key] == pytest.approx(cpu[key], rel=1e-3, abs=1e-4), key
+

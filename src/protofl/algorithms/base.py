@@ -130,8 +130,8 @@ def class_prototypes(model: ProtoNet, params: Tensors, buffers: Tensors, x: torc
         z, labels = tasks.labelled_features(features(model, params, buffers, x), y)
         return prototype_math.class_means(z, labels, num_classes)
     step = tasks.rows_per_pass(y, FEATURE_BATCH)
-    sums = torch.zeros(num_classes, model.feature_dim)
-    counts = torch.zeros(num_classes)
+    sums = torch.zeros(num_classes, model.feature_dim, device=x.device)
+    counts = torch.zeros(num_classes, device=x.device)
     for i in range(0, len(y), step):
         z, labels = tasks.labelled_features(
             features(model, params, buffers, x[i:i + step], step), y[i:i + step])

@@ -116,8 +116,8 @@ class FederatedData:
             return out
         lead = x.dim() - len(self.input_shape)  # rows may be gathered as (n, b, C, H, W)
         shape = (1,) * lead + (len(self.mean),) + (1,) * (len(self.input_shape) - 1)
-        mean = torch.tensor(self.mean, dtype=dtype).reshape(shape)
-        std = torch.tensor(self.std, dtype=dtype).reshape(shape)
+        mean = torch.tensor(self.mean, dtype=dtype, device=x.device).reshape(shape)
+        std = torch.tensor(self.std, dtype=dtype, device=x.device).reshape(shape)
         return out.sub_(mean).div_(std)
 
     def decoded(self) -> FederatedData:

@@ -82,7 +82,7 @@ def _warp(x: torch.Tensor, theta: torch.Tensor, size: tuple[int, int]
           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Images resampled (bilinear, border padding) through ``theta``, and the sampling grid."""
     xf = x.float() if not x.is_floating_point() else x
-    grid = F.affine_grid(theta.to(xf.dtype), [len(x), 1, *size], align_corners=False)
+    grid = F.affine_grid(theta.to(xf.device, xf.dtype), [len(x), 1, *size], align_corners=False)
     out = F.grid_sample(xf, grid, mode="bilinear", padding_mode="border", align_corners=False)
     if x.dtype == torch.uint8:
         out = out.round().clamp(0, 255).to(torch.uint8)

@@ -110,9 +110,14 @@ def feature_rows(z: torch.Tensor, max_rows: int | None = None, seed: int = 0) ->
 @torch.no_grad()
 def model_features(model: torch.nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor,
                    batch: int = 1024) -> torch.Tensor:
-    """Encoder features ``z`` of ``x`` under the given weights (eval mode, batched)."""
+    """Encoder features ``z`` of ``x`` under the given weights (eval mode, batched), computed
+    on the model's device and returned on the CPU."""
     model.eval()
-    return torch.cat([forward(model, params, buffers, x[i:i + batch])[0]
+    first = next(iter(model.parameters()), None)
+    dev = first.device if first is not None else torch.device("cpu")
+    params = {k: v.to(dev) for k, v in params.items()}
+    buffers = {k: v.to(dev) for k, v in buffers.items()}
+    return torch.cat([forward(model, params, buffers, x[i:i + batch].to(dev))[0].cpu()
                       for i in range(0, len(x), batch)])
 
 
