@@ -3,7 +3,6 @@ import torch
 
 from protofl.engine.schedule import (
     assign_work,
-    local_batches,
     local_schedule,
     np_rng,
     sample_clients,
@@ -43,15 +42,16 @@ def test_stragglers_partial_work_or_dropped():
     assert np.allclose(freq, 1 / 3, atol=0.02)
 
 
-def test_local_batches_epochs_and_steps():
+def test_local_schedule_epochs_and_steps():
     y = torch.arange(25)
     order = lambda y, g: torch.randperm(len(y), generator=g)  # noqa: E731
-    b = local_batches(order, y, 2, 10, False, torch.Generator().manual_seed(0))
+    b, _ = local_schedule(order, y, 2, 10, False, torch.Generator().manual_seed(0))
     assert [len(i) for i in b] == [10, 10, 5, 10, 10, 5]
     assert sorted(torch.cat(b[:3]).tolist()) == list(range(25))
-    b = local_batches(order, y, 7, 10, True, torch.Generator().manual_seed(0))
+    b, _ = local_schedule(order, y, 7, 10, True, torch.Generator().manual_seed(0))
     assert [len(i) for i in b] == [10] * 7
-    small = local_batches(order, torch.arange(4), 3, 10, True, torch.Generator().manual_seed(0))
+    small, _ = local_schedule(order, torch.arange(4), 3, 10, True,
+                              torch.Generator().manual_seed(0))
     assert [len(i) for i in small] == [4, 4, 4]
 
 

@@ -17,7 +17,7 @@ from protofl.data.pipeline import Order
 from protofl.seeding import AUGMENT, ORDER, PROBE, SAMPLE, STRAGGLE, np_rng, torch_gen
 
 __all__ = ["AUGMENT", "ORDER", "PROBE", "SAMPLE", "STRAGGLE", "Job", "assign_work",
-           "local_batches", "local_schedule", "np_rng", "sample_clients", "step_budget",
+           "local_schedule", "np_rng", "sample_clients", "step_budget",
            "torch_gen"]
 
 
@@ -87,12 +87,6 @@ def local_schedule(order: Order, y: torch.Tensor, units: int, batch_size: int, b
         batches.append(pending[:take])
         pending = pending[take:]
     return batches, min(len(batches), max(1, math.ceil(epoch_len / batch_size)))
-
-
-def local_batches(order: Order, y: torch.Tensor, units: int, batch_size: int, by_steps: bool,
-                  gen: torch.Generator) -> list[torch.Tensor]:
-    """The batches of :func:`local_schedule` alone."""
-    return local_schedule(order, y, units, batch_size, by_steps, gen)[0]
 
 
 def step_budget(sizes: np.ndarray, per_round: int, local_epochs: int, local_steps: int | None,
