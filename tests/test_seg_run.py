@@ -15,6 +15,7 @@ from protofl.api import resume_experiment, run_experiment
 from protofl.cli import main
 from protofl.config import config_from_dict, merge
 from protofl.engine.experiment import Experiment
+from protofl.engine.parallel import ParallelTrainer
 from protofl.errors import ProtoflError
 from protofl.suites import plan
 
@@ -177,12 +178,14 @@ def test_loss_is_the_image_mean_of_pixel_cross_entropy():
     assert torch.allclose(got, torch.stack(per_image).mean(), atol=1e-6)
 
 
-def test_parallel_trainer_gives_the_sequential_numbers_with_augmentation():
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_parallel_trainer_gives_the_sequential_numbers_with_augmentation(start):
     """The data-level crop/flip travels to the parallel trainer's workers (pickled with the
-    setup) and draws the sequential trainer's batches and crops."""
+    setup) and draws the sequential trainer's batches and crops; spawned workers get the
+    rows' standardisation with the shared rows."""
     want = tiny(trainer="sequential").run()
     exp = tiny(trainer="parallel", workers=2)
-    exp.trainer.inner = "sequential"
+    exp.trainer = ParallelTrainer(2, "sequential", start=start)
     got = exp.run()
     drop = ("seconds", "trainer")
     assert {k: v for k, v in got.items() if k not in drop} == {

@@ -154,18 +154,21 @@ class SharedTraining:
     y_train: torch.Tensor | Mapped
     train_offsets: np.ndarray
     scale: float | None
+    mean: tuple[float, ...] | None = None  # the rows' standardisation (FederatedData.inputs)
+    std: tuple[float, ...] | None = None
 
     @classmethod
     def of(cls, data: FederatedData) -> SharedTraining:
         return cls(data.name, data.num_classes, share(data.x_train), share(data.y_train),
-                   data.train_offsets, data.scale)
+                   data.train_offsets, data.scale, data.mean, data.std)
 
     def open(self) -> FederatedData:
         """A FederatedData over the same training rows (empty test splits)."""
         x, y = opened(self.x_train), opened(self.y_train)
         none = np.zeros(len(self.train_offsets), dtype=np.int64)
         return FederatedData(self.name, self.num_classes, x, y, self.train_offsets, x[:0],
-                             y[:0], none, x[:0], y[:0], scale=self.scale)
+                             y[:0], none, x[:0], y[:0], scale=self.scale, mean=self.mean,
+                             std=self.std)
 
 
 # ---- the workers ----
