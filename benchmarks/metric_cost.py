@@ -53,9 +53,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256, help="evaluation batch")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    from protofl.engine.schedule import PROBE, SAMPLE, STRAGGLE, assign_work, np_rng, sample_clients
+    from protofl.engine.schedule import assign_work, sample_clients
     from protofl.engine.train import RoundContext
     from protofl.metrics import federated as fm
+    from protofl.seeding import PROBE, SAMPLE, STRAGGLE, np_rng
 
     tmp = None
     if not a.data:

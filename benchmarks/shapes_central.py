@@ -53,6 +53,21 @@ def all_background(y: torch.Tensor, num_classes: int) -> dict:
     return meter.report()
 
 
+def train_step(model, opt, x: torch.Tensor, y: torch.Tensor, batch: int,
+               gen: torch.Generator, augment: bool) -> torch.Tensor:
+    """One Adam step on ``batch`` rows drawn with replacement (jointly cropped and flipped with
+    ``augment``); returns the loss."""
+    idx = torch.randint(len(x), (batch,), generator=gen)
+    xb, yb = to_input(x[idx]), y[idx]
+    if augment:
+        xb, yb = random_crop_flip(xb, yb, gen, CropFlip())
+    loss = F.cross_entropy(model(xb)[1], yb.long(), ignore_index=255)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def train_central(data, steps: int, batch: int, lr: float, seed: int, width: float,
                   channels: int, output_stride: int, augment: bool, every: int,
                   log=print, snapshots: dict | None = None) -> list[tuple[int, float, dict]]:
@@ -66,14 +81,7 @@ def train_central(data, steps: int, batch: int, lr: float, seed: int, width: flo
     x, y = data.x_train, data.y_train
     out, start = [], time.perf_counter()
     for step in range(1, steps + 1):
-        idx = torch.randint(len(x), (batch,), generator=gen)
-        xb, yb = to_input(x[idx]), y[idx]
-        if augment:
-            xb, yb = random_crop_flip(xb, yb, gen, CropFlip())
-        loss = F.cross_entropy(model(xb)[1], yb.long(), ignore_index=255)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        loss = train_step(model, opt, x, y, batch, gen, augment)
         if step % every == 0 or step == steps:
             model.eval()
             r = evaluate(model, data.x_test, data.y_test, data.num_classes)
@@ -106,14 +114,7 @@ def train_fedavg(data, rounds: int, per_round: int, local_steps: int, batch: int
             opt = torch.optim.Adam(local.parameters(), lr=lr)
             x, y = data.client_train(int(k))
             for _ in range(local_steps):
-                idx = torch.randint(len(x), (min(batch, len(x)),), generator=gen)
-                xb, yb = to_input(x[idx]), y[idx]
-                if augment:
-                    xb, yb = random_crop_flip(xb, yb, gen, CropFlip())
-                loss = F.cross_entropy(local(xb)[1], yb.long(), ignore_index=255)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
+                train_step(local, opt, x, y, min(batch, len(x)), gen, augment)
             states.append(local.state_dict())
             weights.append(float(len(x)))
         w = torch.tensor(weights) / sum(weights)

@@ -128,8 +128,9 @@ def protofl_rounds(name: str, variant: str, workers: int, threads: int, device: 
                    ) -> Iterator[float]:
     """Round times of protofl: sample all clients, train them, aggregate (no evaluation)."""
     from protofl.algorithms.registry import make_algorithm
-    from protofl.engine.schedule import SAMPLE, STRAGGLE, assign_work, np_rng, sample_clients
+    from protofl.engine.schedule import assign_work, sample_clients
     from protofl.engine.train import LocalSetup, RoundContext
+    from protofl.seeding import SAMPLE, STRAGGLE, np_rng
 
     w = WORKLOADS[name]
     data, make_model = workload(name)

@@ -168,7 +168,8 @@ def test_influence_counts_the_last_epoch_as_trained(by_steps, units):
     """Class-balanced epochs draw the minority class as often as the majority: the last
     epoch's counts follow the draws (about 6 and 6), not n_{k,c} (6 and 2), which is what
     counting every sample once with the final weights gives."""
-    from protofl.engine.schedule import ORDER, local_schedule, torch_gen
+    from protofl.engine.schedule import local_schedule
+    from protofl.seeding import ORDER, torch_gen
 
     x = torch.tensor([[1.0, 0.0]] * 6 + [[0.0, 1.0]] * 2)
     y = torch.tensor([0] * 6 + [1] * 2)

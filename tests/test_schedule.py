@@ -1,12 +1,8 @@
 import numpy as np
 import torch
 
-from protofl.engine.schedule import (
-    assign_work,
-    local_schedule,
-    np_rng,
-    sample_clients,
-)
+from protofl.engine.schedule import assign_work, local_schedule, sample_clients
+from protofl.seeding import np_rng
 
 
 def test_weighted_sampling_frequencies():

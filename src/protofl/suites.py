@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from protofl.config import merge
+
 SYNTHETIC = {
     "data": {"name": "synthetic", "synthetic_alpha": 1.0, "synthetic_beta": 1.0},
     "rounds": 60,
@@ -66,11 +68,6 @@ SHAPES_SEG = {
     "metrics": {"dissimilarity_clients": 0, "train_loss_samples": 200},
 }
 SEG_ALPHAS = {"a0.01": 0.01, "a0.1": 0.1, "a1": 1.0}  # data.segmentation.ALPHA_SETTINGS
-
-
-def merge_data(base: dict[str, Any], **data: Any) -> dict[str, Any]:
-    """``base`` with keys of its ``data`` section replaced."""
-    return {**base, "data": {**base["data"], **data}}
 
 
 @dataclass
@@ -162,11 +159,9 @@ SUITES: dict[str, Suite] = {
         "fedproin (its paper's Adam, lr 1e-4) vs fedavg, fedprox, moon, fedproto, fedtgp, "
         "fedplvm (Adam, lr 1e-3) on digits (K = 10, 5 per round), Dirichlet 0.5 and IID, "
         "3 seeds",
-        {"digits-dir0.5": {**FEDPROIN_DIGITS, "data": {**FEDPROIN_DIGITS["data"],
-                                                       "partition": "dirichlet",
-                                                       "alpha": 0.5}},
-         "digits-iid": {**FEDPROIN_DIGITS, "data": {**FEDPROIN_DIGITS["data"],
-                                                    "partition": "iid"}}},
+        {"digits-dir0.5": merge(FEDPROIN_DIGITS, {"data": {"partition": "dirichlet",
+                                                            "alpha": 0.5}}),
+         "digits-iid": merge(FEDPROIN_DIGITS, {"data": {"partition": "iid"}})},
         {"fedproin": {"algorithm": "fedproin", "algo": {"flips": False},  # digits: no flips
                       "clients": OWN_OPTIMIZER},
          **{name: {"algorithm": name} for name in ("fedavg", "fedprox", "moon", "fedproto",
@@ -176,7 +171,8 @@ SUITES: dict[str, Suite] = {
         "fedavg vs fedmargin and the centralized baseline on the embedded Shapes "
         "segmentation set, Dirichlet alpha = 0.01, 0.1 and 1, 3 seeds: mIoU table, curves, "
         "qualitative and partition figures",
-        {f"shapes-{name}": merge_data(SHAPES_SEG, alpha=a) for name, a in SEG_ALPHAS.items()},
+        {f"shapes-{name}": merge(SHAPES_SEG, {"data": {"alpha": a}})
+         for name, a in SEG_ALPHAS.items()},
         {"fedavg": {"algorithm": "fedavg"}, "fedmargin": {"algorithm": "fedmargin"},
          "central": {"algorithm": "central"}},
         # the pooled data do not depend on alpha: the reference is trained once per seed
@@ -201,7 +197,6 @@ def _one(args: tuple[dict, str, bool]) -> str:
 def plan(name: str, out: Path, seeds: tuple[int, ...] | None = None,
          overrides: dict[str, Any] | None = None) -> list[tuple[dict, str]]:
     """Every (resolved raw config, run folder) of a suite."""
-    from protofl.config import merge
     from protofl.errors import ProtoflError
 
     if name not in SUITES:

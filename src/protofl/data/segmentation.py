@@ -192,17 +192,28 @@ def voc_segmentation(cfg, macro: bool = False) -> FederatedData:
     x_test, y_test, lab_test, _ = single_class_split(layout, layout.val_list, size)
     keep = capped(len(lab), cfg)
     x, y, lab = x[keep], y[keep], lab[keep]
-    names = SEG_CLASSES
-    if macro:
-        lut = macro_lut()
+    return mask_federation("voc_seg_macro" if macro else "voc_seg",
+                           SEG_MACRO_CLASSES if macro else SEG_CLASSES, (x, y, lab),
+                           (x_test, y_test, lab_test), cfg, VOC_CLIENTS,
+                           macro_lut() if macro else None)
+
+
+def mask_federation(name: str, names, train: tuple[np.ndarray, np.ndarray, np.ndarray],
+                    test: tuple[np.ndarray, np.ndarray, np.ndarray], cfg, clients: int,
+                    lut: np.ndarray | None = None) -> FederatedData:
+    """A segmentation federation from uint8 images, masks and per-image object classes
+    ``(x, y, labels)`` of both splits: masks and labels mapped through ``lut`` (a macro
+    grouping) when given, clients by ``cfg``'s partition over the object class (Dirichlet
+    with power-law sizes by default, ``clients`` of them), rows standardised per batch
+    with ImageNet's statistics."""
+    (x, y, lab), (x_test, y_test, lab_test) = train, test
+    if lut is not None:
         y, y_test, lab, lab_test = lut[y], lut[y_test], lut[lab], lut[lab_test]
-        names = SEG_MACRO_CLASSES
-    parts = config_partition(lab, cfg, "dirichlet_powerlaw", VOC_CLIENTS)
+    parts = config_partition(lab, cfg, "dirichlet_powerlaw", clients)
     return from_partition(
-        "voc_seg_macro" if macro else "voc_seg", len(names), torch.from_numpy(x),
-        torch.from_numpy(y), parts, torch.from_numpy(x_test), torch.from_numpy(y_test),
-        cfg.local_test_fraction, cfg.seed, list(names),
-        labels=torch.from_numpy(lab.astype(np.int64)),
+        name, len(names), torch.from_numpy(x), torch.from_numpy(y), parts,
+        torch.from_numpy(x_test), torch.from_numpy(y_test), cfg.local_test_fraction, cfg.seed,
+        list(names), labels=torch.from_numpy(lab.astype(np.int64)),
         labels_test=torch.from_numpy(lab_test.astype(np.int64)),
         scale=PIXEL_MAX, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 

@@ -33,9 +33,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from protofl.data.federated import FederatedData, from_partition
-from protofl.data.images import IMAGENET_MEAN, IMAGENET_STD, PIXEL_MAX
-from protofl.data.partition import capped, config_partition
+from protofl.data.federated import FederatedData
+from protofl.data.partition import capped
+from protofl.data.segmentation import mask_federation
 from protofl.errors import ProtoflError
 
 SHAPE_CLASSES = ("disc", "ring", "square", "diamond", "triangle", "star", "cross", "bar")
@@ -197,18 +197,10 @@ def _shapes(cfg, macro: bool) -> FederatedData:
     x_test, y_test, lab_test = generate_shapes(SHAPES_TEST, size, seed=TEST_SEED)
     keep = capped(SHAPES_TRAIN, cfg)
     x, y, lab = x[keep], y[keep], lab[keep]
-    names = list(("background",) + SHAPE_CLASSES)
-    if macro:
-        lut = macro_lut()
-        y, y_test, lab, lab_test = lut[y], lut[y_test], lut[lab], lut[lab_test]
-        names = list(MACRO_NAMES)
-    parts = config_partition(lab, cfg, "dirichlet_powerlaw", SHAPES_CLIENTS)
-    return from_partition(
-        "shapes_macro" if macro else "shapes", len(names), torch.from_numpy(x),
-        torch.from_numpy(y), parts, torch.from_numpy(x_test), torch.from_numpy(y_test),
-        cfg.local_test_fraction, cfg.seed, names, labels=torch.from_numpy(lab.astype(np.int64)),
-        labels_test=torch.from_numpy(lab_test.astype(np.int64)),
-        scale=PIXEL_MAX, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    return mask_federation("shapes_macro" if macro else "shapes",
+                           MACRO_NAMES if macro else ("background",) + SHAPE_CLASSES,
+                           (x, y, lab), (x_test, y_test, lab_test), cfg, SHAPES_CLIENTS,
+                           macro_lut() if macro else None)
 
 
 def shapes_federation(cfg) -> FederatedData:

@@ -22,18 +22,12 @@ from protofl.engine import device as devices
 from protofl.engine.callbacks import Callback, load_callback, metric_callbacks
 from protofl.engine.parallel import choose_trainer, resolve_workers, usable_cores
 from protofl.engine.private import PrivateRounds, dp_on
-from protofl.engine.schedule import (
-    SAMPLE,
-    STRAGGLE,
-    assign_work,
-    np_rng,
-    sample_clients,
-    step_budget,
-)
+from protofl.engine.schedule import assign_work, sample_clients, step_budget
 from protofl.engine.train import ClientResult, LocalSetup, RoundContext, Trainer
 from protofl.errors import Diverged, ProtoflError
 from protofl.models.registry import build_model, resolve_model_config
 from protofl.nested import flatten
+from protofl.seeding import SAMPLE, STRAGGLE, np_rng
 
 log = logging.getLogger("protofl")
 
@@ -186,8 +180,9 @@ class Experiment:
             uploads = [r.upload for r in results]
             self.state, diag = (self.alg.aggregate(self.state, uploads, t) if self.private is None
                                 else self.private.aggregate(self.state, rc.broadcast, uploads, t))
-            if not all(torch.isfinite(v).all() for v in flatten(self.state).values()
-                       if isinstance(v, torch.Tensor) and v.is_floating_point()):
+            finite = [torch.isfinite(v).all() for v in flatten(self.state).values()
+                      if isinstance(v, torch.Tensor) and v.is_floating_point()]
+            if finite and not bool(torch.stack(finite).all()):  # one device sync, not one each
                 raise Diverged(f"round {t}: the global model became NaN/Inf from finite "
                                "client updates; the run stopped (its run folder keeps the last "
                                "checkpoint); lower clients.lr")

@@ -98,7 +98,8 @@ def choose_trainer(name: str, model: ProtoNet, device: torch.device | str = "cpu
     if (name == "auto" and device.type == "cpu" and workers >= 2 and convolutional(model)
             and not _has_dropout(model) and may_start_processes()):
         return ParallelTrainer(workers, inner_trainer(model, precision))
-    reason = None if name == "sequential" else vectorize_reason(model)
+    reason = None if name == "sequential" else (vectorize_reason(model)
+                                                or precision_reason(precision))
     if reason is not None:
         log.info("training sequentially: %s", reason)
     if name == "sequential" or reason is not None:

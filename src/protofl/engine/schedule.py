@@ -14,11 +14,6 @@ import numpy as np
 import torch
 
 from protofl.data.pipeline import Order
-from protofl.seeding import AUGMENT, ORDER, PROBE, SAMPLE, STRAGGLE, np_rng, torch_gen
-
-__all__ = ["AUGMENT", "ORDER", "PROBE", "SAMPLE", "STRAGGLE", "Job", "assign_work",
-           "local_schedule", "np_rng", "sample_clients", "step_budget",
-           "torch_gen"]
 
 
 def sample_clients(sizes: np.ndarray, k: int, scheme: str, rng: np.random.Generator

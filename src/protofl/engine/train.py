@@ -32,7 +32,8 @@ from protofl.algorithms.optimizers import make_optimizer
 from protofl.data.federated import FederatedData
 from protofl.data.pipeline import Transform, compose
 from protofl.engine import device as devices
-from protofl.engine.schedule import AUGMENT, ORDER, Job, local_schedule, torch_gen
+from protofl.engine.schedule import Job, local_schedule
+from protofl.seeding import AUGMENT, ORDER, torch_gen
 
 
 @dataclass(frozen=True)
@@ -204,4 +205,5 @@ class SequentialTrainer:
     name = "sequential"
 
     def train(self, rc: RoundContext) -> list[ClientResult]:
+        rc = placed(rc)  # the broadcast moved once, not once per client
         return [train_client(rc, job) for job in rc.jobs]

@@ -26,6 +26,7 @@ from torch import nn
 
 from protofl.errors import ProtoflError
 from protofl.models.nets import ProtoNet
+from protofl.models.pretrained import read_state_dict, source_tensor
 
 NORMS = ("group", "batch")
 OUTPUT_STRIDES = (8, 16)
@@ -189,28 +190,12 @@ def load_pretrained(model: DeepLabV3Plus, path: str | Path) -> int:
     over its input channels for 1-channel inputs. A missing key or a shape mismatch (e.g. a
     different width multiplier) is an error naming the key.
     """
-    p = Path(path)
-    if not p.is_file():
-        raise ProtoflError(f"model.pretrained: no file at {p}")
-    try:
-        source = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's input problem
-        raise ProtoflError(f"model.pretrained: {p} is not a readable state_dict ({e})") from None
-    if isinstance(source, dict) and isinstance(source.get("state_dict"), dict):
-        source = source["state_dict"]
-    if not isinstance(source, dict):
-        raise ProtoflError(f"model.pretrained: {p} does not hold a state_dict")
-    source = {str(k).removeprefix("module."): v for k, v in source.items()}
+    source = read_state_dict(path)
     loaded = {}
     for name, value in model.encoder.state_dict().items():
-        if name not in source:
-            if name.endswith("num_batches_tracked"):
-                continue
-            raise ProtoflError(f"model.pretrained: {p} lacks {name!r} (not a MobileNetV2 "
-                               "state_dict?)")
-        w = source[name]
-        if not isinstance(w, torch.Tensor):
-            raise ProtoflError(f"model.pretrained: {name!r} in {p} is not a tensor")
+        w = source_tensor(source, name, path, "MobileNetV2")
+        if w is None:
+            continue
         if name == "features.0.0.weight" and value.shape[1] == 1 and w.dim() == 4 and (
                 w.shape[1] == 3):
             w = w.sum(dim=1, keepdim=True)

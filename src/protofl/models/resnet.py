@@ -9,7 +9,6 @@ max-pool. ``cfg.pretrained`` loads a local torchvision-style ResNet-18 state_dic
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -17,6 +16,7 @@ from torch import nn
 from protofl.config import ModelConfig
 from protofl.errors import ProtoflError
 from protofl.models.nets import ProtoNet
+from protofl.models.pretrained import read_state_dict, source_tensor
 
 log = logging.getLogger("protofl")
 
@@ -117,32 +117,13 @@ def load_pretrained(model: ResNet18, path: str) -> None:
     over its input channels for 1-channel inputs; the 7x7 stem kernel is not loaded into the
     small 3x3 stem (a warning says so). Any other missing key or shape mismatch is an error.
     """
-    p = Path(path)
-    if not p.is_file():
-        raise ProtoflError(f"model.pretrained: no file at {p}")
-    try:
-        source = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's input problem
-        raise ProtoflError(f"model.pretrained: {p} is not a readable state_dict ({e})") from None
-    if isinstance(source, dict) and isinstance(source.get("state_dict"), dict):
-        source = source["state_dict"]
-    if not isinstance(source, dict):
-        raise ProtoflError(f"model.pretrained: {p} does not hold a state_dict")
-    source = {k.removeprefix("module."): v for k, v in source.items()}
-    target = model.state_dict()
+    source = read_state_dict(path)
     loaded = {}
-    for name, value in target.items():
+    for name, value in model.state_dict().items():
         key = torchvision_key(name)
-        if key is None:
+        w = None if key is None else source_tensor(source, key, path, "ResNet-18")
+        if w is None:
             continue
-        if key not in source:
-            if key.endswith("num_batches_tracked"):
-                continue
-            raise ProtoflError(f"model.pretrained: {p} lacks {key!r} (not a ResNet-18 "
-                               f"state_dict?)")
-        w = source[key]
-        if not isinstance(w, torch.Tensor):
-            raise ProtoflError(f"model.pretrained: {key!r} in {p} is not a tensor")
         if key == "conv1.weight" and w.shape != value.shape:
             if model.small:
                 log.warning("model.pretrained: the 7x7 stem kernel does not fit the small "

@@ -89,7 +89,8 @@ def _clients(run: dict) -> int | None:
 
 
 def natural_key(text: str) -> list:
-    """Sort key that orders the numbers inside ``text`` by value (α=0.01 before α=0.1)."""
+    """Sort key that orders the numbers inside ``text`` by value: ``seed2`` before
+    ``seed10``, ``α=0.01`` before ``α=0.1``."""
     return [(0, float(s), "") if re.fullmatch(r"\d+(\.\d+)?", s) else (1, 0.0, s)
             for s in re.split(r"(\d+(?:\.\d+)?)", text) if s]
 

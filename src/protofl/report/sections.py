@@ -3,14 +3,13 @@ share a section), each section a table per dataset."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from protofl.engine import runfolder
 from protofl.errors import ProtoflError
 from protofl.report import outputs
-from protofl.report.compare import Table, load_runs, make_tables
+from protofl.report.compare import Table, load_runs, make_tables, natural_key
 
 
 @dataclass
@@ -23,18 +22,14 @@ class Section:
         return [r for t in self.tables for r in t.runs]
 
 
-def natural(p: Path) -> list:
-    """Sort key that puts ``2-x`` before ``10-x`` and ``seed2`` before ``seed10``."""
-    return [int(s) if s.isdigit() else s for s in re.split(r"(\d+)", str(p))]
-
-
 def find_runs(path: Path) -> list[Path]:
     """``path`` itself when it is a finished run folder, else every one below it."""
     path = Path(path)
     if (path / runfolder.SUMMARY).exists():
         return [path]
     if path.is_dir():
-        found = sorted((s.parent for s in path.rglob(runfolder.SUMMARY)), key=natural)
+        found = sorted((s.parent for s in path.rglob(runfolder.SUMMARY)),
+                       key=lambda p: natural_key(str(p)))
         if found:
             return found
         raise ProtoflError(f"no finished run folder (with {runfolder.SUMMARY}) under {path}")

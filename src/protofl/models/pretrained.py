@@ -1,0 +1,41 @@
+"""Reading a local torchvision-style state_dict for ``model.pretrained`` (no download): the
+checks every encoder that loads one shares."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from protofl.errors import ProtoflError
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """The state_dict saved at ``path`` (a bare one, or under ``"state_dict"``; a
+    ``module.`` prefix of DataParallel dropped). An unreadable file is one clear error."""
+    p = Path(path)
+    if not p.is_file():
+        raise ProtoflError(f"model.pretrained: no file at {p}")
+    try:
+        source = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's input problem
+        raise ProtoflError(f"model.pretrained: {p} is not a readable state_dict ({e})") from None
+    if isinstance(source, dict) and isinstance(source.get("state_dict"), dict):
+        source = source["state_dict"]
+    if not isinstance(source, dict):
+        raise ProtoflError(f"model.pretrained: {p} does not hold a state_dict")
+    return {str(k).removeprefix("module."): v for k, v in source.items()}
+
+
+def source_tensor(source: dict, key: str, path: str | Path, what: str) -> torch.Tensor | None:
+    """``source[key]`` as a tensor; None for a missing ``num_batches_tracked`` (older
+    torchvision files lack it); any other missing key is an error naming it and ``what``
+    the file should be."""
+    if key not in source:
+        if key.endswith("num_batches_tracked"):
+            return None
+        raise ProtoflError(f"model.pretrained: {path} lacks {key!r} (not a {what} state_dict?)")
+    w = source[key]
+    if not isinstance(w, torch.Tensor):
+        raise ProtoflError(f"model.pretrained: {key!r} in {path} is not a tensor")
+    return w
