@@ -208,3 +208,18 @@ def test_ffd_runs_on_a_device_as_on_the_cpu(monkeypatch, tmp_path):
     with simulated():
         got = Experiment(config_from_dict(raw)).run()
     assert "mmd" in got and got["mmd"] == want["mmd"]
+
+
+@pytest.mark.parametrize("algorithm, privacy", [
+    ("fedavg", {"noise_multiplier": 1.0}), ("fedavg", {"noise_multiplier": 1.0, "noise": "client"}),
+    ("fedavg", {"secagg": True})])
+def test_private_rounds_run_on_a_device_as_on_the_cpu(monkeypatch, algorithm, privacy):
+    """Server and client noise (drawn on the CPU from the same generators) and simulated
+    secure sums give the CPU's figures on the simulated accelerator."""
+    raw = {**tiny(algorithm, "sequential"), "privacy": privacy}
+    want = Experiment(config_from_dict(raw)).run()
+    monkeypatch.setattr(devices, "resolve", lambda _: torch.device("meta"))
+    with simulated():
+        exp = Experiment(config_from_dict(raw))
+        got = exp.run()
+    assert figures(got) == figures(want) and on_device(exp.state)

@@ -37,8 +37,8 @@ def score_split(alg: Algorithm, model: ProtoNet, weights: Weights | None, state:
     if weights is None or len(y) == 0:
         return SiteScore(np.zeros((num_classes, num_classes), dtype=np.int64), 0.0)
     s = scores(alg, model, weights["params"], weights["buffers"], state, x, batch)
-    return SiteScore(confusion(y.numpy(), s.argmax(1).numpy(), num_classes),
-                     float(F.cross_entropy(s, y, reduction="sum")))
+    return SiteScore(confusion(y.numpy(), s.argmax(1).cpu().numpy(), num_classes),
+                     float(F.cross_entropy(s, y.to(s.device), reduction="sum")))
 
 
 def pooled_figures(sites: dict[int, SiteScore]) -> dict:

@@ -173,19 +173,19 @@ class SumForm:
         """``tree`` plus N(0, (sigma * bound)^2 / shares) on every entry of every noised part
         (``shares`` = K': one client's share of the noise)."""
         sigma, out = self.settings.multiplier, dict(tree)
+
+        def noisy(v: Tensor, std: float) -> Tensor:  # drawn on the CPU: the same on any device
+            return v + std * torch.randn(v.shape, generator=gen, dtype=v.dtype).to(v.device)
+
         for part, bound in self.bounds().items():
             top, _, key = part.partition(".")
             std = sigma * bound / math.sqrt(shares)
             if top == "delta":
-                out[top] = {k: v + std * torch.randn(v.shape, generator=gen, dtype=v.dtype)
-                            for k, v in tree[top].items()}
+                out[top] = {k: noisy(v, std) for k, v in tree[top].items()}
             elif key:
-                out[top] = dict(out[top])
-                v = tree[top][key]
-                out[top][key] = v + std * torch.randn(v.shape, generator=gen, dtype=v.dtype)
+                out[top] = {**out[top], key: noisy(tree[top][key], std)}
             else:
-                v = tree[top]
-                out[top] = v + std * torch.randn(v.shape, generator=gen, dtype=v.dtype)
+                out[top] = noisy(tree[top], std)
         return out
 
     def multiplier(self, received: float | None = None) -> float:
@@ -232,6 +232,7 @@ class SumForm:
             safe = torch.where(ok, n, torch.ones_like(n)).unsqueeze(-1)
             est[key] = torch.where(ok.unsqueeze(-1), total["proto"][key] / safe,
                                    torch.zeros_like(total["proto"][key])).to(self.dtypes[key])
+        device = next(iter(base.values())).device if base else None
         for k in self.ones:
-            est[k] = torch.tensor(1.0, dtype=self.dtypes[k])
+            est[k] = torch.tensor(1.0, dtype=self.dtypes[k], device=device)
         return unflatten(est)
