@@ -180,7 +180,7 @@ def cmd_datasets(args) -> int:
     for name, spec in DATASETS.items():
         where = "built in" if not spec.needs_files else "needs data.root"
         where = "files on the Flower sites" if name == "site" else where
-        print(f"{name:10s} {spec.description} [{where}; model {spec.model}]")
+        print(f"{name:10s} {spec.description} [{spec.task}; {where}; model {spec.model}]")
     return 0
 
 

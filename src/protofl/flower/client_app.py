@@ -28,7 +28,7 @@ from flwr.common.logger import log
 
 from protofl.engine.experiment import Experiment
 from protofl.engine.schedule import Job
-from protofl.engine.train import RoundContext, train_client
+from protofl.engine.train import ClientResult, RoundContext, train_client
 from protofl.errors import ProtoflError
 from protofl.flower.records import tree_from_records, tree_to_records
 from protofl.flower.setup import check_partitions, node_build
@@ -84,32 +84,42 @@ def state_key(cfg_json: str) -> str:
     return f"{STATE}.{hashlib.sha256(cfg_json.encode()).hexdigest()[:16]}"
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    """One round of local training on this node's partition."""
-    from protofl.flower import secure  # privacy.*: SecAgg+ stages, client-side DP noise
+def train_job(job, context: Context, broadcast) -> tuple[Experiment, ClientResult, str]:
+    """This node's client trained for ``job`` (a round's job record) from ``broadcast`` on
+    the node's own partition, with the run's upload hook (client-side DP noise, secure-sum
+    contribution); returns the experiment, the result and the key of the client's state in
+    the node's context (the caller keeps the state once it accepts the result)."""
+    from protofl.flower import secure  # privacy.*: client-side DP noise, SecAgg+
 
-    if secure.is_secure(msg):
-        return secure.secure_train(msg, context)
-    job = msg.content.config_records["job"]
     pid, n = partition_of(context)
     b = node_experiment(str(job["config"]), context)
     check_partitions(n, b.data)
     client = int(job["client"])
     if client != pid:
         raise ProtoflError(f"flower: job for client {client} sent to partition {pid}")
-    broadcast = tree_from_records(msg.content, "broadcast")
     key = state_key(str(job["config"]))
     state = tree_from_records(context.state, key) if key in context.state else {}
     work = Job(client, int(job["units"]), bool(job["straggler"]))
     rc = RoundContext(b.alg, broadcast, [work], b.data, {client: state}, b.setup,
                       int(job["round"]), secure.upload_hook(b, context))
-    result = train_client(rc, work)
+    return b, train_client(rc, work), key
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """One round of local training on this node's partition."""
+    from protofl.flower import secure  # SecAgg+ stages
+
+    if secure.is_secure(msg):
+        return secure.secure_train(msg, context)
+    b, result, key = train_job(msg.content.config_records["job"], context,
+                               tree_from_records(msg.content, "broadcast"))
     if result.state:
         tree_to_records(result.state, key, context.state)
     content = tree_to_records(result.upload, "upload", RecordDict())
-    content["metrics"] = MetricRecord({"loss": float(result.loss), "client": client,
-                                       "num-examples": int(len(b.data.client_train(pid)[1]))})
+    content["metrics"] = MetricRecord({
+        "loss": float(result.loss), "client": result.client,
+        "num-examples": int(len(b.data.client_train(result.client)[1]))})
     return Message(content, reply_to=msg)
 
 

@@ -48,18 +48,15 @@ from flwr.serverapp import Grid
 
 from protofl.config import Config
 from protofl.engine.experiment import Experiment
-from protofl.engine.schedule import Job
-from protofl.engine.train import ClientResult, RoundContext, train_client
+from protofl.engine.train import ClientResult, RoundContext
 from protofl.errors import ProtoflError
-from protofl.flower.client_app import DATA_ROOT, partition_of, state_key
+from protofl.flower.client_app import train_job
 from protofl.flower.records import (
     tree_from_arrays,
-    tree_from_records,
     tree_to_arrays,
     tree_to_records,
 )
 from protofl.flower.server_app import FlowerTrainer
-from protofl.flower.setup import build, check_partitions
 from protofl.nested import flatten, unflatten
 
 log = logging.getLogger("protofl.flower")
@@ -101,34 +98,23 @@ def fit(msg: Message, context: Context) -> Message:
     legacy ``FitRes`` the mod masks (weight 1; the loss last, clamped to the range)."""
     ins = compat.recorddict_to_fitins(msg.content, keep_input=True)
     job = ins.config
-    pid, n = partition_of(context)
-    b = build(str(job["config"]), str(context.node_config.get(DATA_ROOT, "")))
-    check_partitions(n, b.data)
-    client = int(job["client"])
-    if client != pid:
-        raise ProtoflError(f"flower: job for client {client} sent to partition {pid}")
-    hook = upload_hook(b, context)
-    if hook is None:
-        raise ProtoflError("flower: a SecAgg+ round for a run without privacy.secagg")
     broadcast = tree_from_arrays(parameters_to_ndarrays(ins.parameters), str(job["skeleton"]))
-    key = state_key(str(job["config"]))
-    state = tree_from_records(context.state, key) if key in context.state else {}
-    work = Job(client, int(job["units"]), bool(job["straggler"]))
-    rc = RoundContext(b.alg, broadcast, [work], b.data, {client: state}, b.setup,
-                      int(job["round"]), hook)
-    result = train_client(rc, work)
+    b, result, key = train_job(job, context, broadcast)
+    if not b.cfg.privacy.secagg:
+        raise ProtoflError("flower: a SecAgg+ round for a run without privacy.secagg")
     if not math.isfinite(result.loss):
-        raise ProtoflError(f"client {client}: local training diverged (loss {result.loss})")
+        raise ProtoflError(f"client {result.client}: local training diverged "
+                           f"(loss {result.loss})")
     if result.state:
         tree_to_records(result.state, key, context.state)
     reach = b.cfg.privacy.secagg_range
     flat = flatten(result.upload)
     arrays = []
     for name in b.private.spec():
-        a = flat[name].detach().to(torch.float64).numpy()
+        a = flat[name].detach().to("cpu", torch.float64).numpy()
         if not np.isfinite(a).all() or (a.size and np.abs(a).max() > reach):
             top = float(np.abs(a).max()) if np.isfinite(a).all() else math.nan
-            raise ProtoflError(f"client {client}: contribution {name!r} reaches {top:.4g}, "
+            raise ProtoflError(f"client {result.client}: contribution {name!r} reaches {top:.4g}, "
                                f"outside privacy.secagg_range = {reach:g}; raise it")
         arrays.append(np.ascontiguousarray(a))
     arrays.append(np.array([min(max(result.loss, -reach), reach)]))
