@@ -126,10 +126,21 @@ def test_every_algorithm_runs_on_a_device_as_on_the_cpu(monkeypatch, name, train
         assert "dissimilarity" in got or exp.alg.global_weights(exp.state) is None
 
 
-def test_bf16_trains_with_both_trainers_close_to_fp32():
+def test_bf16_trains_with_both_trainers_close_to_fp32(monkeypatch):
+    entered = []
+    real = devices.autocast
+
+    def counted(device, precision):
+        entered.append(precision)
+        return real(device, precision)
+
+    monkeypatch.setattr(devices, "autocast", counted)
     fp32 = Experiment(config_from_dict(tiny("fedproin", "sequential"))).run()
+    assert set(entered) == {"fp32"}
     for trainer in ("sequential", "vectorized"):
+        entered.clear()
         got = Experiment(config_from_dict(tiny("fedproin", trainer, precision="bf16"))).run()
+        assert entered and set(entered) == {"bf16"}  # training and evaluation under bf16
         assert got["loss"] == pytest.approx(fp32["loss"], abs=0.05)
         assert got["client_loss"] == pytest.approx(fp32["client_loss"], abs=0.05)
 
@@ -149,7 +160,7 @@ def test_fp16_scales_the_loss_and_vectorized_falls_back(monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="protofl"):
         vec = Experiment(config_from_dict(tiny("fedavg", "vectorized", precision="fp16"))).run()
     assert any("GradScaler" in r.getMessage() for r in caplog.records)
-    assert figures(vec) == {**figures(seq), "trainer": "vectorized"}
+    assert figures(vec) == figures(seq)  # trained, and reported, as sequential
 
 
 @pytest.mark.parametrize("trainer", ["sequential", "vectorized"])
@@ -170,7 +181,7 @@ def test_a_device_without_float64_keeps_the_server_on_the_cpu(monkeypatch, train
         assert got[key] == pytest.approx(want[key], rel=0 if trainer == "sequential" else 1e-3)
 
 
-def test_resume_takes_a_device(tmp_path):
+def test_resume_takes_a_device(tmp_path, capsys):
     """Checkpoints hold CPU tensors, so a run goes on on another device; --device is the one
     flag --resume takes besides --rounds (a bad one is still one line)."""
     out = tmp_path / "run"
@@ -179,7 +190,10 @@ def test_resume_takes_a_device(tmp_path):
     assert main(["run", "-q", "--dataset", "digits", "--rounds", "1", "--out", str(out),
                  "--device", "cpu", *common]) == 0
     assert main(["run", "-q", "--resume", str(out), "--rounds", "2", "--device", "cpu"]) == 0
+    capsys.readouterr()
     assert main(["run", "-q", "--resume", str(out), "--rounds", "3", "--device", "tpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "tpu" in err and "\n" not in err  # still one line
 
 
 @pytest.mark.parametrize("name", ["fedavg", "fedmargin"])

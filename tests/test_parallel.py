@@ -104,6 +104,7 @@ def test_parallel_with_vectorized_workers_matches_in_float64():
         trainer.close()
     finally:
         torch.set_default_dtype(old)
+    assert [[r.client for r in w] for w in want] == [[r.client for r in g] for g in got]
     for w, g in zip(want, got):
         for a, b in zip(w, g):
             same(a.upload, b.upload, tol=1e-9)
@@ -154,13 +155,15 @@ def test_auto_picks_parallel_for_convolutional_models_on_a_multicore_cpu(monkeyp
         choose_trainer("parallel", cnn, "cpu", 2)
 
 
-def test_suite_workers_start_no_processes():
-    import inspect
-
+def test_suite_workers_start_no_processes(monkeypatch, tmp_path):
+    import protofl.api
     from protofl import suites
 
-    assert '"workers": 1' in inspect.getsource(suites._one)
-    assert config_from_dict({"workers": 1}).workers == 1
+    seen = []
+    monkeypatch.setattr(protofl.api, "run_experiment", lambda cfg, *a, **k: seen.append(cfg))
+    suites._one(({"algorithm": "fedavg", "trainer": "auto"}, str(tmp_path), False))
+    assert [(c.workers, c.threads) for c in seen] == [(1, 1)]
+    assert choose_trainer("auto", conv_model(), "cpu", seen[0].workers).name != "parallel"
 
 
 def test_rows_are_shared_not_pickled(tmp_path):
@@ -201,6 +204,7 @@ def test_spawned_workers_train_as_forked_ones():
         got = rounds(trainer, alg, data, setup, JOBS[:1])
     finally:
         trainer.close()
+    assert [r.client for r in want[0]] == [r.client for r in got[0]]
     for a, b in zip(want[0], got[0]):
         same(a.upload, b.upload)
 
