@@ -357,8 +357,9 @@ def test_missing_root_names_the_fetch_command(tmp_path):
     with pytest.raises(ProtoflError, match=r"does not exist; run 'protofl data fetch NAME' "
                                            r"\(NAME: dermamnist, "):
         load_dataset(DataConfig(name="medmnist", root=str(tmp_path / "nope")))
-    with pytest.raises(ProtoflError, match="data fetch voc"):
-        load_dataset(DataConfig(name="voc_macro"))
+    for name in ("voc_macro", "voc_seg", "voc_seg_macro"):  # the VOC tree's other readings
+        with pytest.raises(ProtoflError, match="data fetch voc"):
+            load_dataset(DataConfig(name=name))
 
 
 def test_cli_data_list(capsys, tmp_path):

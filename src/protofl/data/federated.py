@@ -9,7 +9,7 @@ come from ``store.allocate`` (memory, or a memory-mapped cache past the budget).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -127,12 +127,8 @@ class FederatedData:
             return self
         local = self.inputs(self.x_local_test)
         test = local if self.x_test is self.x_local_test else self.inputs(self.x_test)
-        return FederatedData(
-            name=self.name, num_classes=self.num_classes, x_train=self.inputs(self.x_train),
-            y_train=self.y_train, train_offsets=self.train_offsets, x_local_test=local,
-            y_local_test=self.y_local_test, test_offsets=self.test_offsets, x_test=test,
-            y_test=self.y_test, class_names=self.class_names, labels_train=self.labels_train,
-            labels_local_test=self.labels_local_test, labels_test=self.labels_test)
+        return replace(self, x_train=self.inputs(self.x_train), x_local_test=local,
+                       x_test=test, scale=None, mean=None, std=None)
 
     @property
     def nbytes(self) -> int:
@@ -171,14 +167,8 @@ class FederatedData:
     def pooled(self) -> FederatedData:
         """The same samples as one client holding every client's training and local test
         rows (the centralized baseline)."""
-        return FederatedData(
-            name=self.name, num_classes=self.num_classes, x_train=self.x_train,
-            y_train=self.y_train, train_offsets=np.array([0, len(self.y_train)]),
-            x_local_test=self.x_local_test, y_local_test=self.y_local_test,
-            test_offsets=np.array([0, len(self.y_local_test)]), x_test=self.x_test,
-            y_test=self.y_test, class_names=self.class_names, scale=self.scale,
-            mean=self.mean, std=self.std, labels_train=self.labels_train,
-            labels_local_test=self.labels_local_test, labels_test=self.labels_test)
+        return replace(self, train_offsets=np.array([0, len(self.y_train)]),
+                       test_offsets=np.array([0, len(self.y_local_test)]))
 
     def summary(self) -> dict:
         """Partition statistics: sizes and classes per client (the seed's Fig. S1)."""

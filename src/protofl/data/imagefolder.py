@@ -16,10 +16,10 @@ import numpy as np
 import torch
 
 from protofl.config import DataConfig
-from protofl.data.federated import FederatedData, from_partition
-from protofl.data.images import PIXEL_MAX, ImageRows
-from protofl.data.medical import MEDICAL_CLIENTS, TEST_FRACTION, stratified_split
-from protofl.data.partition import capped, config_partition
+from protofl.data.federated import FederatedData
+from protofl.data.images import ImageRows
+from protofl.data.medical import TEST_FRACTION, dirichlet_federation, stratified_split
+from protofl.data.partition import capped
 from protofl.errors import ProtoflError
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -91,7 +91,4 @@ def imagefolder_federation(cfg: DataConfig) -> FederatedData:
     elif x_test.row_shape != x.row_shape:
         raise ProtoflError(f"image folder {root}: test images are {x_test.row_shape[1:]}, "
                            f"training images {x.row_shape[1:]}; set data.image_size")
-    parts = config_partition(y, cfg, "dirichlet", MEDICAL_CLIENTS)
-    return from_partition("imagefolder", len(names), x, torch.from_numpy(y), parts, x_test,
-                          torch.from_numpy(y_test), cfg.local_test_fraction, cfg.seed, names,
-                          scale=PIXEL_MAX)
+    return dirichlet_federation("imagefolder", tuple(names), x, y, x_test, y_test, cfg)

@@ -39,8 +39,10 @@ def _root(cfg: DataConfig, what: str) -> Path:
     return root
 
 
-def _federate(name: str, classes: tuple[str, ...], x: Source, y: np.ndarray,
-              x_test: Source, y_test: np.ndarray, cfg: DataConfig) -> FederatedData:
+def dirichlet_federation(name: str, classes: tuple[str, ...], x: Source, y: np.ndarray,
+                         x_test: Source, y_test: np.ndarray, cfg: DataConfig) -> FederatedData:
+    """8-bit images with class labels, clients by ``cfg``'s partition (Dirichlet over
+    ``MEDICAL_CLIENTS`` by default), the global test set as given."""
     parts = config_partition(y, cfg, "dirichlet", MEDICAL_CLIENTS)
     return from_partition(name, len(classes), x, torch.from_numpy(y), parts, x_test,
                           torch.from_numpy(y_test), cfg.local_test_fraction, cfg.seed,
@@ -53,7 +55,7 @@ def _federate_images(name: str, classes: list[str], paths: list[Path], y: np.nda
     size = cfg.image_size or MEDICAL_SIZE
     x_pool = ImageRows([p for p, t in zip(paths, test) if not t], size, "RGB")
     x_test = ImageRows([p for p, t in zip(paths, test) if t], size, "RGB")
-    return _federate(name, classes, x_pool, y[~test], x_test, y[test], cfg)
+    return dirichlet_federation(name, classes, x_pool, y[~test], x_test, y[test], cfg)
 
 
 def group_split(groups: np.ndarray, fraction: float, seed: int) -> np.ndarray:
@@ -244,5 +246,5 @@ def medmnist_federation(cfg: DataConfig) -> FederatedData:
     x, y = x[keep], y[keep]
     num_classes = int(max(y.max(), y_test.max())) + 1
     classes = tuple(str(c) for c in range(num_classes))
-    return _federate(path.stem, classes, ArrayRows(x, cfg.image_size), y,
+    return dirichlet_federation(path.stem, classes, ArrayRows(x, cfg.image_size), y,
                      ArrayRows(x_test, cfg.image_size), y_test, cfg)

@@ -117,12 +117,16 @@ def dataset_spec(name: str) -> DatasetSpec:
     return DATASETS[name]
 
 
+# datasets read from another one's files (whose download source is named after it)
+SAME_FILES = {"voc_macro": "voc", "voc_seg": "voc", "voc_seg_macro": "voc"}
+
+
 def fetch_hint(dataset: str) -> str:
     """The end of a missing-files message: which ``protofl data fetch`` gets the dataset."""
     from protofl.data.sources import SOURCES
 
-    names = [s.name for s in SOURCES.values()
-             if s.dataset == dataset or (dataset == "voc_macro" and s.dataset == "voc")]
+    files = SAME_FILES.get(dataset, dataset)
+    names = [s.name for s in SOURCES.values() if s.dataset == files]
     if not names:
         return ""
     if len(names) == 1:

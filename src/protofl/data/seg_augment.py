@@ -17,8 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from protofl.errors import ProtoflError
-
-VOID = 255
+from protofl.tasks import VOID
 
 
 @dataclass(frozen=True)

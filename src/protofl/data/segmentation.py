@@ -30,8 +30,8 @@ from protofl.data.images import IMAGENET_MEAN, IMAGENET_STD, PIXEL_MAX
 from protofl.data.partition import capped, config_partition
 from protofl.data.voc import MACRO_CLASSES, MACRO_OF, VOC_CLASSES, VOC_CLIENTS, VOC_SIZE
 from protofl.errors import ProtoflError
+from protofl.tasks import VOID
 
-VOID = 255
 SEG_CLASSES = ("background", *VOC_CLASSES)  # mask values 0..20
 SEG_MACRO_CLASSES = ("background", *MACRO_CLASSES)
 ALPHA_SETTINGS = {"a0.01": 0.01, "a0.1": 0.1, "a1": 1.0}  # the seed's three splits

@@ -37,11 +37,11 @@ from protofl.data.federated import FederatedData
 from protofl.data.partition import capped
 from protofl.data.segmentation import mask_federation
 from protofl.errors import ProtoflError
+from protofl.tasks import VOID
 
 SHAPE_CLASSES = ("disc", "ring", "square", "diamond", "triangle", "star", "cross", "bar")
 MACRO_NAMES = ("background", "round", "boxy", "pointy", "linear")
 MACRO_OF = (1, 1, 2, 2, 3, 3, 4, 4)  # macro index of each object class in SHAPE_CLASSES order
-VOID = 255
 SHAPES_SIZE = 48
 SHAPES_TRAIN = 1200
 SHAPES_TEST = 300

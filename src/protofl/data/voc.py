@@ -21,6 +21,7 @@ from protofl.data.federated import FederatedData, from_partition
 from protofl.data.images import PIXEL_MAX, ImageRows
 from protofl.data.partition import capped, config_partition
 from protofl.errors import ProtoflError
+from protofl.tasks import VOID
 
 VOC_CLASSES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair",
                "cow", "diningtable", "dog", "horse", "motorbike", "person", "pottedplant",
@@ -34,7 +35,6 @@ MACRO_OF = {
                     "household"),
     **dict.fromkeys(("bird", "cat", "cow", "dog", "horse", "sheep"), "animals"),
 }
-VOID = 255
 VOC_SIZE = 128
 VOC_CLIENTS = 50  # our default; set data.num_clients for the seed's client count
 

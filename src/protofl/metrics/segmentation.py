@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from protofl import tasks
 from protofl.errors import ProtoflError
+from protofl.tasks import VOID
 
-VOID = 255
 Predict = Callable[[torch.Tensor], torch.Tensor]  # model inputs -> logits (B, C, H, W)
 Inputs = Callable[[torch.Tensor], torch.Tensor]  # stored rows -> model inputs
 

@@ -18,8 +18,8 @@ from matplotlib.patches import Patch  # noqa: E402
 from protofl.data.federated import FederatedData  # noqa: E402
 from protofl.errors import ProtoflError  # noqa: E402
 from protofl.metrics.segmentation import feature_entropy, softmax_entropy  # noqa: E402
+from protofl.tasks import VOID
 
-VOID = 255
 MAPS = ("pred", "softmax_entropy", "feature_entropy")
 
 
