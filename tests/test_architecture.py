@@ -19,7 +19,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 # bottom to top: a module may import its own layer's modules and those of lower layers
 LAYERS = [
-    {"errors", "config", "seeding", "nested", "tasks"},
+    {"errors", "config", "seeding", "nested", "tasks", "device"},
     {"data"},
     {"models"},
     {"algorithms", "privacy"},

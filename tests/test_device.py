@@ -12,11 +12,11 @@ import pytest
 import torch
 from fakedevice import OnDevice, on_device, on_host, simulated
 
+from protofl import device as devices
 from protofl.algorithms.registry import ALGORITHMS
 from protofl.api import run_experiment
 from protofl.cli import main
 from protofl.config import config_from_dict
-from protofl.engine import device as devices
 from protofl.engine import vectorized
 from protofl.engine.experiment import Experiment
 from protofl.errors import ProtoflError

@@ -12,13 +12,13 @@ import time
 import numpy as np
 import torch
 
+from protofl import device as devices
 from protofl.algorithms.base import validate_upload
 from protofl.algorithms.registry import ALGORITHMS, algorithm_class, make_algorithm
 from protofl.config import Config, resolve_defaults
 from protofl.data.federated import FederatedData
 from protofl.data.pipeline import augmentation
 from protofl.data.registry import dataset_spec, dataset_task, load_dataset
-from protofl.engine import device as devices
 from protofl.engine.callbacks import Callback, load_callback, metric_callbacks
 from protofl.engine.parallel import choose_trainer, resolve_workers, usable_cores
 from protofl.engine.private import PrivateRounds, dp_on

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from protofl.algorithms.optimizers import ADAM_BETAS, ADAM_EPS
-from protofl.engine.device import wide
+from protofl.device import wide
 from protofl.engine.train import LocalSetup
 
 Stacked = dict[str, torch.Tensor]

@@ -27,11 +27,11 @@ from typing import Protocol
 import torch
 from torch.utils._pytree import tree_map
 
+from protofl import device as devices
 from protofl.algorithms.base import Algorithm, Tensors
 from protofl.algorithms.optimizers import make_optimizer
 from protofl.data.federated import FederatedData
 from protofl.data.pipeline import Transform, compose
-from protofl.engine import device as devices
 from protofl.engine.schedule import Job, local_schedule
 from protofl.seeding import AUGMENT, ORDER, torch_gen
 

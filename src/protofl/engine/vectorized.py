@@ -25,8 +25,8 @@ import torch
 from torch.func import grad_and_value, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from protofl import device as devices
 from protofl.algorithms.base import Algorithm, Tensors
-from protofl.engine import device as devices
 from protofl.engine import optim
 from protofl.engine.train import (
     ClientResult,

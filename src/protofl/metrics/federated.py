@@ -15,14 +15,13 @@ every row) is available and streams, so its memory does not grow with the number
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
-from torch.utils._pytree import tree_map
 
+from protofl import device as devices
 from protofl import tasks
 from protofl.algorithms import prototype_math
 from protofl.algorithms.base import Algorithm, Tensors
@@ -42,34 +41,16 @@ PROBE_CHUNK_ROWS = 256  # padded rows differentiated together in the dissimilari
 PROBE_GROUP_BYTES = 256 << 20  # at most this many bytes of per-client gradients at once
 
 
-def model_device(model: torch.nn.Module) -> torch.device:
-    """The device of a model's weights (the CPU for a model without parameters)."""
-    first = next(iter(model.parameters()), None)
-    return first.device if first is not None else torch.device("cpu")
-
-
-def on(tree: Any, device: torch.device) -> Any:
-    """Every tensor of a nested structure on ``device`` (no copy where it is already)."""
-    return tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, tree)
-
-
-def put(x: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host rows on ``device`` (through pinned memory to a CUDA device)."""
-    if device.type == "cuda" and x.device.type == "cpu":
-        return x.pin_memory().to(device, non_blocking=True)
-    return x.to(device)
-
-
 def predictor(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors,
               state: Tensors) -> Callable[[torch.Tensor], torch.Tensor]:
     """``alg.predict`` with these weights as a function of host model inputs, computed on the
     model's device (eval mode; scores at least float32, on that device)."""
     model.eval()
-    dev = model_device(model)
-    params, buffers, state = on(params, dev), on(buffers, dev), on(state, dev)
+    dev = devices.model_device(model)
+    params, buffers, state = (devices.to_device(v, dev) for v in (params, buffers, state))
 
     def predict(x: torch.Tensor) -> torch.Tensor:
-        out = alg.predict(model, params, buffers, state, put(x, dev))
+        out = alg.predict(model, params, buffers, state, devices.upload(x, dev))
         return out if out.dtype in (torch.float32, torch.float64) else out.float()
     return predict
 
@@ -139,15 +120,16 @@ def client_predictions(alg: Algorithm, model: ProtoNet, state: Tensors, data: Fe
     return {k: (data.client_test(k)[1], preds[k]) for k in sorted(preds)}
 
 
+@torch.no_grad()
 def labels(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors,
            state: Tensors, x: torch.Tensor, batch: int, inputs: Inputs | None = None
            ) -> torch.Tensor:
     """Predicted labels (argmax of the class scores) of rows ``x``, on the CPU, ``batch`` rows
     a pass (for label maps only a pass's scores are ever held)."""
-    if len(x) == 0:
-        return scores(alg, model, params, buffers, state, x, batch, inputs).argmax(1).cpu()
-    return torch.cat([scores(alg, model, params, buffers, state, x[i:i + batch], batch,
-                             inputs).argmax(1).cpu() for i in range(0, len(x), batch)])
+    predict = predictor(alg, model, params, buffers, state)  # weights moved once
+    prep = inputs or (lambda v: v)
+    return torch.cat([predict(prep(x[i:i + batch])).argmax(1).cpu()
+                      for i in range(0, max(len(x), 1), batch)])
 
 
 def client_figures(preds: dict[int, tuple[torch.Tensor, torch.Tensor]], num_classes: int,
@@ -232,7 +214,7 @@ def client_gradient_stream(model: ProtoNet, params: Tensors, buffers: Tensors, s
         w = (torch.arange(width, device=x.device) < torch.tensor(
             [b - a for _, a, b in group], device=x.device)[:, None]).to(x.dtype)
         g = per_piece(params, x, y, w)
-        flat = _float64(torch.cat([v.reshape(len(group), -1) for v in g.values()], 1))
+        flat = devices.float64(torch.cat([v.reshape(len(group), -1) for v in g.values()], 1))
         for j, (i, _, b) in enumerate(group):
             partial = flat[j] if partial is None else partial + flat[j]
             if b == sizes[i]:  # the client's last piece
@@ -247,16 +229,11 @@ def client_gradients(model: ProtoNet, params: Tensors, buffers: Tensors,
     """``(K, P)`` float64: row k is the gradient of client k's mean cross-entropy on
     ``(xs[k], ys[k])`` (model inputs) at ``(params, buffers)``, flattened in ``params`` order
     (``client_gradient_stream`` over lists)."""
-    dev = model_device(model)
+    dev = devices.model_device(model)
     out = dict(client_gradient_stream(
         model, params, buffers, [len(y) for y in ys],
         lambda i, a, b: (xs[i][a:b].to(dev), ys[i][a:b].to(dev)), chunk_rows))
     return torch.stack([out[k] for k in range(len(xs))])
-
-
-def _float64(t: torch.Tensor) -> torch.Tensor:
-    """``t`` in float64: on its device, or on the CPU from a device without float64 (MPS)."""
-    return t.double() if t.device.type != "mps" else t.cpu().double()
 
 
 def _pad(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -286,14 +263,14 @@ def gradient_dissimilarity(model: ProtoNet, params: Tensors, buffers: Tensors,
     max_per_client = tasks.rows_per_pass(data.y_train, max_per_client)  # label maps: fewer
     chunk_rows = tasks.rows_per_pass(data.y_train, chunk_rows)
     model.eval()
-    dev = model_device(model)
-    params, buffers = on(params, dev), on(buffers, dev)
+    dev = devices.model_device(model)
+    params, buffers = devices.to_device(params, dev), devices.to_device(buffers, dev)
     full = [int(data.train_sizes[k]) for k in ks]
     used = full if max_per_client is None else [min(n, max_per_client) for n in full]
 
     def rows(i: int, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         off = int(data.train_offsets[ks[i]])
-        return (data.inputs(put(data.x_train[off + a:off + b], dev)),
+        return (data.inputs(devices.upload(data.x_train[off + a:off + b], dev)),
                 data.y_train[off + a:off + b].to(dev))
 
     squares, plain, weighted = 0.0, None, None

@@ -24,7 +24,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from protofl.algorithms.base import Tensors, forward
+from protofl import device as devices
+from protofl.algorithms.base import Tensors, features
 from protofl.errors import ProtoflError
 
 ESTIMATORS = ("biased", "unbiased")
@@ -112,13 +113,10 @@ def model_features(model: torch.nn.Module, params: Tensors, buffers: Tensors, x:
                    batch: int = 1024) -> torch.Tensor:
     """Encoder features ``z`` of ``x`` under the given weights (eval mode, batched), computed
     on the model's device and returned on the CPU."""
+    dev = devices.model_device(model)
+    params, buffers = devices.to_device(params, dev), devices.to_device(buffers, dev)
     model.eval()
-    first = next(iter(model.parameters()), None)
-    dev = first.device if first is not None else torch.device("cpu")
-    params = {k: v.to(dev) for k, v in params.items()}
-    buffers = {k: v.to(dev) for k, v in buffers.items()}
-    return torch.cat([forward(model, params, buffers, x[i:i + batch].to(dev))[0].cpu()
-                      for i in range(0, len(x), batch)])
+    return features(model, params, buffers, x.to(dev), batch).cpu()
 
 
 def mean_client_mmd(model: torch.nn.Module, clients: Sequence[tuple[Tensors, Tensors]],

@@ -69,6 +69,17 @@ def upload(x: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return x.pin_memory().to(device, non_blocking=True)
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of a model's weights (the CPU for a model without parameters)."""
+    first = next(iter(model.parameters()), None)
+    return first.device if first is not None else CPU
+
+
+def float64(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float64: on its device, or on the CPU from a device without float64 (MPS)."""
+    return t.double() if has_float64(t.device) else t.cpu().double()
+
+
 def has_float64(device: torch.device | str) -> bool:
     """Whether ``device`` computes in float64 (MPS does not)."""
     return torch.device(device).type != "mps"
