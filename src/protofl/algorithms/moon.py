@@ -75,6 +75,14 @@ class MoonNet(ProtoNet):
     def head(self, z: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.projection(z))
 
+    def forward(self, x: torch.Tensor, with_projection: bool = False):
+        """``(z, logits)``, or ``(z, logits, h)`` with the projection ``h`` the logits came
+        from (computed once)."""
+        z = self.encode(x)
+        h = self.projection(z)
+        logits = self.classifier(h)
+        return (z, logits, h) if with_projection else (z, logits)
+
 
 def contrastive_term(h: torch.Tensor, h_glob: torch.Tensor, h_prev: torch.Tensor,
                      tau: float) -> torch.Tensor:
@@ -92,6 +100,10 @@ def head_params(tree: Tensors) -> Tensors:
 def projected(model: ProtoNet, params: Tensors, buffers: Tensors, x: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(h, logits)``: the projection of the features and the class logits."""
+    if isinstance(model, MoonNet):  # the logits are computed from h: project once
+        _, logits, h = functional_call(model, {**params, **buffers}, (x,),
+                                       {"with_projection": True}, strict=False)
+        return h, logits
     z, logits = forward(model, params, buffers, x)
     head = getattr(model, HEAD)
     return functional_call(head, {**head_params(params), **head_params(buffers)}, (z,)), logits
