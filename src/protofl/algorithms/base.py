@@ -35,6 +35,7 @@ one round, two clients)::
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypedDict
 
@@ -329,12 +330,14 @@ class Algorithm:
         feature analyses); None when uploads hold no weights (personalised methods)."""
         return {"params": upload["params"], "buffers": upload["buffers"]}
 
-    def prototypes(self, upload: Tensors, x: torch.Tensor, y: torch.Tensor
+    def prototypes(self, upload: Tensors,
+                   data: Callable[[], tuple[torch.Tensor, torch.Tensor]]
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The class prototypes ``(C, d)`` and class counts ``(C,)`` an upload stands for (AMM
         and the feature analyses): by default the class means of the uploaded model's features
-        on the client's data ``x, y``; algorithms that upload prototypes return those."""
-        return class_prototypes(self.model, upload["params"], upload["buffers"], x, y,
+        on the client's data ``x, y = data()``; algorithms that upload prototypes return those
+        (and never load the data)."""
+        return class_prototypes(self.model, upload["params"], upload["buffers"], *data(),
                                 self.num_classes)
 
     # ---- evaluation ----

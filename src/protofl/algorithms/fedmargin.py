@@ -261,5 +261,5 @@ class FedMargin(Algorithm):
             spec["protos_before"] = UploadEntry((c, d), kind="score")
         return spec
 
-    def prototypes(self, upload, x, y):
+    def prototypes(self, upload, data):
         return upload["protos"], upload["counts"]

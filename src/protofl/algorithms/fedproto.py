@@ -128,7 +128,7 @@ class FedProto(Algorithm):
     def client_weights(self, upload):
         return None  # clients upload prototypes only
 
-    def prototypes(self, upload, x, y):
+    def prototypes(self, upload, data):
         return upload["protos"], upload["counts"]
 
     # ---- evaluation ----

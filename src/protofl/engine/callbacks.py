@@ -21,6 +21,7 @@ or from the config (``callbacks: ["my_module:MyCallback"]``, built with no argum
 
 from __future__ import annotations
 
+import functools
 import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -86,7 +87,8 @@ class Amm(Callback):
     def after_aggregate(self, exp, record, results):
         if not exp.cfg.metrics.amm or not results or not exp.individual:
             return  # (contributions to a sum hold no one client's prototypes)
-        pairs = [exp.alg.prototypes(r.upload, *exp.client_inputs(r.client)) for r in results]
+        pairs = [exp.alg.prototypes(r.upload, functools.partial(exp.client_inputs, r.client))
+                 for r in results]
         pairs = [(p, n) for p, n in pairs if bool((n > 0).any())]
         if not pairs:
             return
