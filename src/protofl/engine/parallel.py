@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as tmp
 from torch import nn
+from torch.utils._pytree import tree_leaves, tree_map
 
 from protofl.algorithms.base import Algorithm
 from protofl.data import store
@@ -330,18 +331,9 @@ class Packed:
     skeleton: Any
 
 
-def _walk(tree: Any, leaf: Any) -> Any:
-    if isinstance(tree, dict):
-        return {k: _walk(v, leaf) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_walk(v, leaf) for v in tree)
-    return leaf(tree)
-
-
 def pack(tree: Any) -> Packed:
     """``tree`` with its CPU tensors copied into shared buffers (see :class:`Packed`)."""
-    tensors: list[torch.Tensor] = []
-    _walk(tree, lambda v: tensors.append(v) if isinstance(v, torch.Tensor) else None)
+    tensors = [v for v in tree_leaves(tree) if isinstance(v, torch.Tensor)]
     sizes: dict[torch.dtype, int] = {}
     for t in tensors:
         sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel()
@@ -356,7 +348,7 @@ def pack(tree: Any) -> Packed:
         used[v.dtype] = off + n
         return Slot(v.dtype, off, tuple(v.shape))
 
-    return Packed(buffers, _walk(tree, place))
+    return Packed(buffers, tree_map(place, tree))
 
 
 def unpack(p: Packed) -> Any:
@@ -366,12 +358,10 @@ def unpack(p: Packed) -> Any:
             return v
         return p.buffers[v.dtype][v.offset:v.offset + math.prod(v.shape)].view(v.shape)
 
-    return _walk(p.skeleton, view)
+    return tree_map(view, p.skeleton)
 
 
 def _own(tree: Any) -> Any:
     """Tensors received from a worker copied out of shared memory (client states are kept for
     many rounds; shared segments are released as soon as the copies exist)."""
-    if isinstance(tree, dict):
-        return {k: _own(v) for k, v in tree.items()}
-    return tree.clone() if isinstance(tree, torch.Tensor) else tree
+    return tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, tree)

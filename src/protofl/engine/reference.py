@@ -91,8 +91,7 @@ class Reference:
             raise ProtoflError(f"{where} trained model {ref.model.name!r} ({ref.model.norm} "
                                f"norm), this run {cfg.model.name!r} ({cfg.model.norm} norm): "
                                "FFD needs the same architecture")
-        needed = [t for t in range(1, cfg.rounds + 1)
-                  if t % cfg.eval_every == 0 or t == cfg.rounds]
+        needed = runfolder.evaluated_rounds(cfg.rounds, cfg.eval_every, cfg.rounds)
         if ref.rounds < cfg.rounds:
             raise ProtoflError(f"{where} has {ref.rounds} rounds, this run needs the "
                                f"reference at round {cfg.rounds}")
