@@ -158,6 +158,8 @@ def test_cli_run_folder_figures_compare_and_tsne(tmp_path, capsys):
                  str(runs / "central"), "--out", str(fig), "--images", "2"]) == 0
     assert fig.stat().st_size > 1000
     assert main(["segfigure", str(runs / "fedavg"), "--out", str(fig)]) == 2
+    assert main(["segfigure", str(runs / "fedavg"), "--out",  # never into a run folder
+                 str(runs / "fedavg" / "qual.png")]) == 2
     assert main(["tsne", str(runs / "fedmargin"), "--samples", "60"]) == 0
     assert (runs / "fedmargin" / "tsne.png").exists()
     assert main(["run", "--task", "segmentation", "--algorithm", "moon", "-q"]) == 2

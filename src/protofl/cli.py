@@ -238,6 +238,7 @@ def cmd_tsne(args) -> int:
 
 
 def cmd_segfigure(args) -> int:
+    from protofl.report import outputs
     from protofl.report.segmentation import runs_figure
 
     folders = _run_folders(args.dirs)
@@ -246,8 +247,7 @@ def cmd_segfigure(args) -> int:
         alg = _summary_algorithm(f)
         labels[alg if alg not in labels else f"{alg} ({f})"] = f
     out = Path(args.out)
-    if out.exists() and not args.overwrite:
-        raise ProtoflError(f"{out} exists; pass --overwrite to replace it")
+    outputs.check_targets([out], folders, args.overwrite)
     print(runs_figure(labels, out, args.images, args.title or ""))
     return 0
 

@@ -106,7 +106,7 @@ def segmentation_figures(out: Path, work: list[tuple[dict, str]]) -> list[Path]:
         if "central" not in folders and central:
             folders["central"] = min(central)[1]
         raw = first[(ds, "fedavg")][2]
-        data = load_dataset(config_from_dict(raw).data)
+        data = load_dataset(config_from_dict(raw).data, lean=True)  # its partition only
         splits[f"α = {raw['data']['alpha']:g}"] = data
         written.append(runs_figure(folders, out / f"qualitative_{ds}.png",
                                    title=f"{data.name}, α = {raw['data']['alpha']:g}"))

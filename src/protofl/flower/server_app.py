@@ -300,9 +300,8 @@ class RemoteTestMetrics(TestMetrics):
             pooled.pop("loss")
         else:
             record.update({f"federated_{k}": pooled[k] for k in FEDERATED})
-        central = {k: v for k, v in record.items() if k in pooled}
-        record.update(pooled)
-        record.update(central)
+        for k, v in pooled.items():  # a central evaluation's figures, where it made them, win
+            record.setdefault(k, v)
 
 
 def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout: float = 600.0,
