@@ -78,8 +78,5 @@ def resume_experiment(out: str | Path, rounds: int | None = None, progress: bool
             cfg = config_from_dict({**cfg.to_dict(), "device": device})
         exp = runnable(Experiment(cfg), out)
         exp.callbacks += [*folder_callbacks(out, False, progress), *callbacks]
-        exp.restore(snapshot)
-        runfolder.check_history(out, exp.round, exp.cfg.eval_every, exp.cfg.rounds)
-        if rounds is not None:
-            runfolder.write_json(out / runfolder.CONFIG, exp.cfg.to_dict())
+        exp.resume(out, snapshot)
         return exp.run()

@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -19,6 +20,7 @@ from protofl.config import Config, resolve_defaults
 from protofl.data.federated import FederatedData
 from protofl.data.pipeline import augmentation
 from protofl.data.registry import dataset_spec, dataset_task, load_dataset
+from protofl.engine import runfolder
 from protofl.engine.callbacks import Callback, load_callback, metric_callbacks
 from protofl.engine.parallel import choose_trainer, resolve_workers, usable_cores
 from protofl.engine.private import PrivateRounds, dp_on
@@ -242,6 +244,15 @@ class Experiment:
                                                  self.server))
         if self.private is not None:
             self.private.load_state_dict(snap.get("privacy", {}))
+
+    def resume(self, out: Path, snap: dict) -> None:
+        """Continue the run folder ``out`` from its checkpoint ``snap``: restored, its
+        ``metrics.jsonl`` checked to hold every evaluated round up to it, and its
+        ``config.json`` rewritten when the run was extended to more rounds."""
+        self.restore(snap)
+        runfolder.check_history(out, self.round, self.cfg.eval_every, self.cfg.rounds)
+        if runfolder.load_config_json(out).get("rounds") != self.cfg.rounds:
+            runfolder.write_json(out / runfolder.CONFIG, self.cfg.to_dict())
 
     # ---- the whole run ----
     def run(self) -> dict:

@@ -369,10 +369,7 @@ def restore(exp: Experiment, out: Path) -> None:
     if exp.cfg.rounds < snapshot["round"]:
         raise ProtoflError(f"flower: cannot resume {out} with {exp.cfg.rounds} rounds: it has "
                            f"already run {snapshot['round']}")
-    exp.restore(snapshot)
-    runfolder.check_history(out, exp.round, exp.cfg.eval_every, exp.cfg.rounds)
-    if exp.cfg.rounds != stored["rounds"]:
-        runfolder.write_json(out / runfolder.CONFIG, exp.cfg.to_dict())
+    exp.resume(out, snapshot)
     log.info("resuming %s after round %d of %d", out, exp.round, exp.cfg.rounds)
 
 
