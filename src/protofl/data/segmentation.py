@@ -28,7 +28,15 @@ import torch
 from protofl.data.federated import FederatedData, from_partition
 from protofl.data.images import IMAGENET_MEAN, IMAGENET_STD, PIXEL_MAX
 from protofl.data.partition import capped, config_partition
-from protofl.data.voc import MACRO_CLASSES, MACRO_OF, VOC_CLASSES, VOC_CLIENTS, VOC_SIZE
+from protofl.data.voc import (
+    MACRO_CLASSES,
+    MACRO_OF,
+    VOC_CLASSES,
+    VOC_CLIENTS,
+    VOC_SIZE,
+    read_list,
+    read_mask,
+)
 from protofl.errors import ProtoflError
 from protofl.tasks import VOID
 
@@ -91,39 +99,6 @@ def voc_layout(root: str | Path) -> VocLayout:
     raise ProtoflError(f"no Pascal VOC 2012 folder at {root}: expected JPEGImages/ and "
                        "SegmentationClass/ (or SegmentationClassAug/) with "
                        "ImageSets/Segmentation/ (in it, VOC2012/ or VOCdevkit/VOC2012/)")
-
-
-def read_list(path: Path) -> list[str]:
-    """Image ids of a split list, one per line (duplicates dropped, order kept)."""
-    try:
-        ids = [s.split()[0] for s in path.read_text().splitlines() if s.strip()]
-    except (OSError, UnicodeDecodeError):
-        raise ProtoflError(f"Pascal VOC split list {path} cannot be read") from None
-    return list(dict.fromkeys(ids))
-
-
-def read_mask(path: Path, aug: bool) -> np.ndarray:
-    """A mask as uint8 (H, W) of class indices: a palette PNG in SegmentationClass, a plain
-    8-bit (or palette) PNG in SegmentationClassAug; values must be 0..20 or 255."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as im:
-            ok = ("P", "L") if aug else ("P",)
-            if im.mode not in ok:
-                kind = "an 8-bit label" if aug else "a palette (P)"
-                raise ProtoflError(f"segmentation mask {path} is a mode-{im.mode} PNG; "
-                                   f"expected {kind} PNG of class indices")
-            mask = np.asarray(im, dtype=np.uint8)
-    except FileNotFoundError:
-        raise ProtoflError(f"segmentation mask {path} does not exist") from None
-    except (OSError, ValueError, SyntaxError) as e:
-        raise ProtoflError(f"segmentation mask {path} cannot be read ({e})") from None
-    bad = np.setdiff1d(np.unique(mask), np.r_[np.arange(len(SEG_CLASSES)), VOID])
-    if len(bad):
-        raise ProtoflError(f"segmentation mask {path} holds values {bad.tolist()}; allowed: "
-                           "0-20 and 255")
-    return mask
 
 
 def image_size_of(path: Path) -> tuple[int, int]:

@@ -51,35 +51,48 @@ def voc_root(root: str | Path) -> Path:
 
 
 def read_split(base: Path, split: str) -> list[str]:
-    path = base / "ImageSets" / "Segmentation" / f"{split}.txt"
+    return read_list(base / "ImageSets" / "Segmentation" / f"{split}.txt")
+
+
+def read_list(path: Path) -> list[str]:
+    """Image ids of a split list, one per line (duplicates dropped, order kept)."""
     try:
-        return [s.strip() for s in path.read_text().splitlines() if s.strip()]
+        ids = [s.split()[0] for s in path.read_text().splitlines() if s.strip()]
     except (OSError, UnicodeDecodeError):
-        raise ProtoflError(f"Pascal VOC split list {path} cannot be read as text") from None
+        raise ProtoflError(f"Pascal VOC split list {path} cannot be read") from None
+    return list(dict.fromkeys(ids))
 
 
-def mask_classes(path: Path) -> set[int]:
-    """The object classes (1..20) a palette-PNG segmentation mask contains."""
+def read_mask(path: Path, aug: bool) -> np.ndarray:
+    """A mask as uint8 (H, W) of class indices: a palette PNG in SegmentationClass, a plain
+    8-bit (or palette) PNG in SegmentationClassAug; values must be 0..20 or 255."""
     from PIL import Image
 
     try:
         with Image.open(path) as im:
-            if im.mode not in ("P", "L"):
-                raise ProtoflError(f"segmentation mask {path} is mode {im.mode}; expected a "
-                                   "palette (P) PNG of class indices")
-            values = set(np.unique(np.asarray(im)).tolist())
+            ok = ("P", "L") if aug else ("P",)
+            if im.mode not in ok:
+                kind = "an 8-bit label" if aug else "a palette (P)"
+                raise ProtoflError(f"segmentation mask {path} is a mode-{im.mode} PNG; "
+                                   f"expected {kind} PNG of class indices")
+            mask = np.asarray(im, dtype=np.uint8)
     except FileNotFoundError:
         raise ProtoflError(f"segmentation mask {path} does not exist") from None
     except ProtoflError:
         raise
-    except Exception as e:  # Pillow raises many types on a damaged file
+    except Exception as e:  # noqa: BLE001 - Pillow raises many types on a damaged file
         raise ProtoflError(f"segmentation mask {path} cannot be read ({type(e).__name__})"
                            ) from None
-    values -= {0, VOID}
-    bad = sorted(v for v in values if v > len(VOC_CLASSES))
-    if bad:
-        raise ProtoflError(f"segmentation mask {path} holds values {bad}; allowed: 0-20 and 255")
-    return values
+    bad = np.setdiff1d(np.unique(mask), np.r_[np.arange(len(VOC_CLASSES) + 1), VOID])
+    if len(bad):
+        raise ProtoflError(f"segmentation mask {path} holds values {bad.tolist()}; allowed: "
+                           "0-20 and 255")
+    return mask
+
+
+def mask_classes(path: Path) -> set[int]:
+    """The object classes (1..20) a segmentation mask (palette or 8-bit PNG) contains."""
+    return set(np.unique(read_mask(path, aug=True)).tolist()) - {0, VOID}
 
 
 def single_class_images(base: Path, split: str) -> tuple[list[str], np.ndarray]:
