@@ -30,7 +30,6 @@ from protofl.algorithms.base import (
     Tensors,
     UploadEntry,
     Weights,
-    WeightsUpload,
     class_prototypes,
     sample_weights,
 )
@@ -62,13 +61,6 @@ class MarginOptions:
                                             "classes some client has reported, or with all "
                                             "(zero vectors of unseen classes included)",
                                 choices=("reported", "all"))
-
-
-class MarginUpload(WeightsUpload, total=False):
-    protos: torch.Tensor  # P_k (C, d) after local training
-    protos_before: torch.Tensor  # P~_k (C, d) under the received global weights (scores: server)
-    counts: torch.Tensor  # n_k[c] (C,)
-    attention: torch.Tensor  # a~_k, the client's own unnormalised attention (scores: client)
 
 
 class MarginState(Weights):

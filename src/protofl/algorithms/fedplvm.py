@@ -35,7 +35,6 @@ from protofl.algorithms.base import (
     Algorithm,
     UploadEntry,
     Weights,
-    WeightsUpload,
     features,
     forward,
     weighted_mean,
@@ -60,12 +59,6 @@ class FedPLVMOptions:
 class PLVMState(Weights):
     global_protos: torch.Tensor  # (C, max_global, d), zero-padded
     global_mask: torch.Tensor  # (C, max_global), 1 for a real prototype
-
-
-class PLVMUpload(WeightsUpload):
-    local_protos: torch.Tensor  # (C, max_local, d), zero-padded
-    local_mask: torch.Tensor  # (C, max_local)
-    counts: torch.Tensor  # (C,)
 
 
 def sparse_similarity(z: torch.Tensor, protos: torch.Tensor, alpha: float) -> torch.Tensor:

@@ -53,7 +53,6 @@ from protofl.algorithms.base import (
     Algorithm,
     Tensors,
     UploadEntry,
-    WeightsUpload,
     features,
     forward,
     weighted_mean,
@@ -98,10 +97,6 @@ class ProInContext(TypedDict):
     global_buffers: Tensors
     prev_prototypes: torch.Tensor  # this client's P after its previous participation (or 0)
     has_prev: torch.Tensor  # 1.0 once the client has previous prototypes
-
-
-class ProInUpload(WeightsUpload):
-    influence: torch.Tensor  # I_k (C, M)
 
 
 class ProInClientState(TypedDict):
