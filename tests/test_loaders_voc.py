@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from PIL import Image
+from voctree import palette_png, write_tree
 
 from protofl.config import DataConfig
 from protofl.data.registry import load_dataset
@@ -10,23 +10,10 @@ from protofl.data.voc import MACRO_CLASSES, VOC_CLASSES, voc_federation, voc_mac
 from protofl.errors import ProtoflError
 
 
-def palette_png(path, mask):
-    im = Image.fromarray(mask.astype(np.uint8), mode="P")
-    pal = np.zeros((256, 3), np.uint8)
-    pal[1:21] = np.arange(1, 21)[:, None] * 12
-    pal[255] = 224
-    im.putpalette(pal.reshape(-1).tolist())
-    im.save(path)
-
-
 def write_voc(root):
     """Masks: object classes by id; a void border (255) on every mask. Returns expected
     (train, val) single-class labels in 1..20."""
-    base = root / "VOCdevkit" / "VOC2012"
-    for d in ("JPEGImages", "SegmentationClass", "ImageSets/Segmentation"):
-        (base / d).mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    splits = {"train": [], "val": []}
+    masks = {"train": {}, "val": {}}
     expected = {"train": {}, "val": {}}
     for n in range(30):
         image_id = f"2007_{n:06d}"
@@ -36,15 +23,10 @@ def write_voc(root):
         for j, c in enumerate(classes):
             mask[2 + 3 * j: 5 + 3 * j, 2:8] = c
         mask[0, :] = 255
-        palette_png(base / "SegmentationClass" / f"{image_id}.png", mask)
-        Image.fromarray(rng.integers(0, 256, (10, 12, 3)).astype(np.uint8)).save(
-            base / "JPEGImages" / f"{image_id}.jpg")
-        splits[split].append(image_id)
+        masks[split][image_id] = mask
         if len(classes) == 1:
             expected[split][image_id] = classes[0]
-    for split, ids in splits.items():
-        (base / "ImageSets" / "Segmentation" / f"{split}.txt").write_text("\n".join(ids) + "\n")
-    return base, expected
+    return write_tree(root, masks), expected
 
 
 def test_voc_single_class_selection(tmp_path):

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from voctree import palette_png, write_tree
 
 from protofl.config import DataConfig
 from protofl.data.registry import dataset_spec, load_dataset
@@ -23,15 +24,6 @@ MACRO = {15: 1, **dict.fromkeys((1, 2, 4, 6, 7, 14, 19), 2),
          **dict.fromkeys((3, 8, 10, 12, 13, 17), 4)}
 
 
-def palette_png(path, mask):
-    im = Image.fromarray(mask.astype(np.uint8), mode="P")
-    pal = np.zeros((256, 3), np.uint8)
-    pal[1:21] = np.arange(1, 21)[:, None] * 12
-    pal[255] = (224, 224, 192)
-    im.putpalette(pal.reshape(-1).tolist())
-    im.save(path)
-
-
 def make_mask(classes):
     """Objects as blocks (class id), each outlined by void; void border on every mask."""
     mask = np.zeros((H, W), np.uint8)
@@ -45,11 +37,7 @@ def make_mask(classes):
 def write_voc(root, count=36):
     """ids n % 6 == 0 hold two classes (dropped), n % 7 == 0 background only (dropped).
     Returns the VOC2012 folder and the expected {split: {id: class}} of kept images."""
-    base = root / "VOCdevkit" / "VOC2012"
-    for d in ("JPEGImages", "SegmentationClass", "ImageSets/Segmentation"):
-        (base / d).mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    splits, expected = {"train": [], "val": []}, {"train": {}, "val": {}}
+    masks, expected = {"train": {}, "val": {}}, {"train": {}, "val": {}}
     for n in range(count):
         image_id = f"2007_{n:06d}"
         split = "train" if n < 26 else "val"
@@ -59,15 +47,10 @@ def write_voc(root, count=36):
             classes = [1 + n % 20, 1 + (n + 7) % 20]
         else:
             classes = [1 + n % 20]
-        palette_png(base / "SegmentationClass" / f"{image_id}.png", make_mask(classes))
-        Image.fromarray(rng.integers(0, 256, (H, W, 3)).astype(np.uint8)).save(
-            base / "JPEGImages" / f"{image_id}.jpg")
-        splits[split].append(image_id)
+        masks[split][image_id] = make_mask(classes)
         if len(classes) == 1:
             expected[split][image_id] = classes[0]
-    for split, ids in splits.items():
-        (base / "ImageSets" / "Segmentation" / f"{split}.txt").write_text("\n".join(ids) + "\n")
-    return base, expected
+    return write_tree(root, masks), expected
 
 
 def cfg(root, **kw):

@@ -1,11 +1,10 @@
 """configs/voc.yaml and configs/voc_macro.yaml are valid for users with the data: they parse
 and build the run (data, DeepLab, algorithm) on a tiny VOCdevkit tree in the real layout."""
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
-from test_loaders_voc_seg import make_mask, palette_png
+from test_loaders_voc_seg import make_mask
+from voctree import write_tree
 
 from protofl.config import config_from_dict, load_raw
 from protofl.engine.experiment import Experiment
@@ -13,27 +12,18 @@ from protofl.engine.experiment import Experiment
 TRAIN, VAL = 60, 4  # the configs ask for 50 clients
 
 
-def write_tree(root):
-    base = root / "VOCdevkit" / "VOC2012"
-    for d in ("JPEGImages", "SegmentationClass", "ImageSets/Segmentation"):
-        (base / d).mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    ids = {"train": [], "val": []}
+def write_voc_tree(root):
+    masks = {"train": {}, "val": {}}
     for n in range(TRAIN + VAL):
-        image_id = f"2008_{n:06d}"
-        palette_png(base / "SegmentationClass" / f"{image_id}.png", make_mask([1 + n % 20]))
-        Image.fromarray(rng.integers(0, 256, (10, 12, 3)).astype(np.uint8)).save(
-            base / "JPEGImages" / f"{image_id}.jpg")
-        ids["train" if n < TRAIN else "val"].append(image_id)
-    for split, names in ids.items():
-        (base / "ImageSets" / "Segmentation" / f"{split}.txt").write_text("\n".join(names))
+        masks["train" if n < TRAIN else "val"][f"2008_{n:06d}"] = make_mask([1 + n % 20])
+    write_tree(root, masks)
     return root
 
 
 @pytest.mark.parametrize("name, classes", [("voc", 21), ("voc_macro", 5)])
 def test_voc_configs_build_on_a_tiny_tree(tmp_path, name, classes):
     raw = load_raw(f"configs/{name}.yaml")
-    raw["data"]["root"] = str(write_tree(tmp_path))
+    raw["data"]["root"] = str(write_voc_tree(tmp_path))
     exp = Experiment(config_from_dict(raw))
     cfg = exp.cfg
     assert cfg.task == "segmentation" and cfg.data.augment == "crop_flip"
