@@ -11,8 +11,8 @@ weight ``w = 0`` (losses are weighted means, so padding changes nothing). Per-ba
 (``loss_and_stats``, ``has_aux`` under ``vmap``) are summed per client over its last pass, as
 the sequential trainer sums them. Clients are trained in chunks whose estimated memory fits a
 budget (on CUDA, a share of the device's free memory); only active clients are ever stacked.
-Each step's rows are gathered from the chunk's clients' rows as ``prepare_client`` placed
-them (model inputs, on the device).
+Each step's rows are gathered from the stored rows (host memory) and converted there, then
+copied over (through pinned memory on CUDA): a chunk's rows are never held twice.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import logging
 import os
 from typing import Any
 
-import numpy as np
 import torch
 from torch.func import grad_and_value, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -201,7 +200,7 @@ def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors
     """Train the clients of ``works`` (sorted by steps, most first) together; only the
     parameters named in ``trained`` are updated. Returns weights, buffers, mean losses and
     last-pass statistics per client."""
-    alg, model, setup = rc.alg, rc.alg.model, rc.setup
+    alg, model, data, setup = rc.alg, rc.alg.model, rc.data, rc.setup
     dev = setup.device
     n_steps = [len(w.batches) for w in works]
     steps = n_steps[0]
@@ -210,10 +209,7 @@ def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors
     buffers, bdims = _stack_tree([st["buffers"] for st in starts])
     ctx, cdims = _stack_tree([w.ctx for w in works])
     opt = optim.init_state({k: params[k] for k in trained}, setup)
-    # the chunk's rows as prepare_client put them (model inputs, on the device), gathered
-    # per step from one tensor
-    xs, ys = torch.cat([w.x for w in works]), torch.cat([w.y for w in works])
-    offsets = np.cumsum([0] + [len(w.y) for w in works[:-1]]).tolist()
+    offsets = [int(data.train_offsets[w.job.client]) for w in works]
     rows, sizes = _row_index(works, offsets, steps)
     mask = (torch.arange(rows.shape[2]) < sizes[..., None]).to(dev)  # real rows (not padding)
     losses = torch.zeros(len(works), dtype=devices.wide(dev), device=dev)
@@ -231,8 +227,9 @@ def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors
     for t in range(steps):
         n = sum(1 for m in n_steps if m > t)  # clients with a step t: a prefix
         b = int(sizes[:n, t].max())
-        r = rows[:n, t, :b].to(xs.device)
-        x, y = xs[r], ys[r]  # new tensors: the transforms may write into them
+        r = rows[:n, t, :b]  # gathered: new tensors, which the transforms may write into
+        x = data.inputs(devices.upload(data.x_train[r], dev))
+        y = devices.upload(data.y_train[r], dev)
         if works[0].transform is not None:  # the same transforms for every client
             for i in range(n):
                 m = int(sizes[i, t])
