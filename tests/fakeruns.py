@@ -32,7 +32,7 @@ def make_run(folder: Path, algorithm: str = "fedavg", seed: int = 0, rounds: int
         r = {"round": t, "clients": [0, 1, 2], "accuracy": accuracy * t / rounds
              + 0.01 * rng.random(), "loss": 2.0 / t, "train_loss": 2.1 / t,
              "amm": 1.0 + 0.1 * t + 0.05 * rng.random(), "seconds": 0.5 * t,
-             "client_accuracy": {str(k): 0.5 for k in range(6)}}
+             "client_accuracy": {str(k): 0.5 for k in range(6)}, "clients_evaluated": 6}
         if mmd:
             r["mmd"] = 0.2 / t + 0.01 * rng.random()
         if weights:

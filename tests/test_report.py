@@ -52,8 +52,11 @@ def test_report_html_is_self_contained_and_complete(report, capsys):
                  "min: 50, median: 61.5", "data:image/png;base64,", "aggregation weights",
                  '"algorithm": "fedmargin"', "Not recorded: no run folder here holds"):
         assert text in html, text
-    # curves: one per logged numeric metric, plus FFD, in the synthetic table
+    # curves: one per logged numeric metric, plus FFD, in the synthetic table; a metric
+    # that never varies gets a line instead of a flat curve
     assert html.count('<figure class="curve"') >= 8
+    assert "The same in every run and round: clients_evaluated = 6." in html
+    assert ">clients_evaluated</text>" not in html
     assert main(["report", str(report / "suite"), "--out", str(out)]) == 2  # exists
     assert "--overwrite" in capsys.readouterr().err
 

@@ -35,11 +35,21 @@ def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
 
 
-def numeric_metrics(runs_rows: list[list[dict]]) -> list[str]:
-    """Every per-round key with a finite number somewhere (not ``round``), in report order."""
-    keys = {k for rows in runs_rows for r in rows for k, v in r.items()
-            if k != "round" and _number(v)}
-    return [k for k in FIRST if k in keys] + sorted(keys - set(FIRST))
+def numeric_metrics(runs_rows: list[list[dict]]) -> tuple[list[str], dict[str, float]]:
+    """Per-round keys with finite numbers (not ``round``) in report order, and the constant ones.
+
+    A key whose every value is the same (``clients_evaluated`` when every client is scored)
+    would draw a flat line: it is returned apart, with its value.
+    """
+    values: dict[str, set[float]] = {}
+    for rows in runs_rows:
+        for r in rows:
+            for k, v in r.items():
+                if k != "round" and _number(v):
+                    values.setdefault(k, set()).add(float(v))
+    keys = [k for k in FIRST if k in values] + sorted(set(values) - set(FIRST))
+    return ([k for k in keys if len(values[k]) > 1],
+            {k: next(iter(values[k])) for k in keys if len(values[k]) == 1})
 
 
 def band(runs_rows: list[list[dict]], key: str) -> tuple[list, list, list] | None:

@@ -81,7 +81,7 @@ def table4_html(t: Table, t4: dict) -> str:
 def curves(page: Page, t: Table) -> str:
     rows_of = {row.label: [r["rows"] for r in row.runs] for row in t.rows}
     index = {row.label: i for i, row in enumerate(t.rows)}
-    keys = figures.numeric_metrics([rows for runs in rows_of.values() for rows in runs])
+    keys, constant = figures.numeric_metrics([rows for runs in rows_of.values() for rows in runs])
     out = []
     for key in keys:
         series = {}
@@ -90,7 +90,11 @@ def curves(page: Page, t: Table) -> str:
             if b is not None:
                 series[index[label]] = (label, b)
         out.append(_curve(page, series, figures.NAMES.get(key, key), key == "dissimilarity"))
-    return "".join(out)
+    html = f'<div class="grid">{"".join(out)}</div>'
+    if constant:
+        same = ", ".join(f"{figures.NAMES.get(k, k)} = {v:g}" for k, v in constant.items())
+        html += f'<p class="note">The same in every run and round: {escape(same)}.</p>'
+    return html
 
 
 def _curve(page: Page, series: dict, title: str, log: bool = False) -> str:
@@ -206,7 +210,7 @@ def table_block(page: Page, t: Table) -> None:
              "<h4>AMM and FFD (the seed's Table 4)</h4>", table4_html(t, data["table4"]),
              ffd_curve(page, t),
              "<h4>Per-round curves (mean ± std over seeds; hover for values)</h4>",
-             f'<div class="grid">{curves(page, t)}</div>',
+             curves(page, t),
              "<h4>Aggregation weights against FedAvg's</h4>", weights(page, t),
              "<h4>Partition statistics</h4>", partition(t),
              "<h4>Confusion matrices or segmentation</h4>", confusion(page, t),
