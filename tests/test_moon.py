@@ -105,7 +105,7 @@ def test_first_participation_uses_global_model_so_lcon_is_log2():
     ctx = alg.client_begin(model, glob, {}, x, y)
     with torch.no_grad():
         ce = float(F.cross_entropy(model(x)[1], y))
-    # h_prev == h_glob == h: each similarity is 1/tau, so l_con = log 2 for every sample
+    # h_prev == h_global == h: each similarity is 1/tau, so l_con = log 2 for every sample
     got = float(alg.loss(model, params, buffers, x, y, torch.ones(4), ctx))
     assert got == pytest.approx(ce + math.log(2.0), rel=1e-6)
     up, state = alg.client_end(model, params, buffers, glob, ctx, {}, x, y)

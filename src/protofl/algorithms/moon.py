@@ -44,7 +44,7 @@ class MoonOptions:
 
 
 class MoonContext(TypedDict):
-    glob: Weights  # the received global model (the positive), frozen
+    global_model: Weights  # the received global model (the positive), frozen
     prev: Weights  # this client's model after its previous participation (the negative)
 
 
@@ -84,10 +84,10 @@ class MoonNet(ProtoNet):
         return (z, logits, h) if with_projection else (z, logits)
 
 
-def contrastive_term(h: torch.Tensor, h_glob: torch.Tensor, h_prev: torch.Tensor,
+def contrastive_term(h: torch.Tensor, h_global: torch.Tensor, h_prev: torch.Tensor,
                      tau: float) -> torch.Tensor:
     """Per-sample ``l_con``: cross-entropy of the positive pair (h, h_g) against (h, h_prev)."""
-    sims = torch.stack([F.cosine_similarity(h, h_glob, dim=1),
+    sims = torch.stack([F.cosine_similarity(h, h_global, dim=1),
                         F.cosine_similarity(h, h_prev, dim=1)], dim=1) / tau
     return torch.logsumexp(sims, dim=1) - sims[:, 0]
 
@@ -142,15 +142,16 @@ class Moon(Algorithm):
 
     def client_begin(self, model, broadcast, client_state, x, y) -> MoonContext:
         prev = client_state.get("prev", broadcast)
-        return {"glob": copy_weights(broadcast), "prev": copy_weights(prev)}
+        return {"global_model": copy_weights(broadcast), "prev": copy_weights(prev)}
 
     def loss(self, model, params, buffers, x, y, w, ctx):
         h, logits = projected(model, params, buffers, x)
         ce = F.cross_entropy(logits, y, reduction="none")
         with torch.no_grad():
-            h_glob = projected(model, ctx["glob"]["params"], ctx["glob"]["buffers"], x)[0]
-            h_prev = projected(model, ctx["prev"]["params"], ctx["prev"]["buffers"], x)[0]
-        con = contrastive_term(h, h_glob, h_prev, self.opts.tau)
+            g, prev = ctx["global_model"], ctx["prev"]
+            h_global = projected(model, g["params"], g["buffers"], x)[0]
+            h_prev = projected(model, prev["params"], prev["buffers"], x)[0]
+        con = contrastive_term(h, h_global, h_prev, self.opts.tau)
         return weighted_mean(ce + self.opts.mu * con, w)
 
     def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y):

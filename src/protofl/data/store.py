@@ -166,11 +166,11 @@ def _map(folder: Path, name: str, shape: list[int], dtype: str) -> torch.Tensor:
     return torch.from_numpy(arr)
 
 
-def save_meta(s: Store, data) -> None:
+def save_meta(store: Store, data) -> None:
     """Flush a build's memmaps and write labels, offsets and the container's small fields
     next to them; the meta file, written last, marks the cache complete."""
-    folder = s.folder
-    for arr in s.maps:
+    folder = store.folder
+    for arr in store.maps:
         arr.flush()
     per_image = {k: getattr(data, k).numpy() for k in ("labels_train", "labels_local_test",
                                                        "labels_test")
@@ -196,14 +196,14 @@ def building_folder(folder: Path) -> Path:
     return folder.with_name(f"{folder.name}.part-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
-def publish(s: Store, data, folder: Path):
-    """Complete the cache built in ``s.folder`` and move it to ``folder``; if another process
+def publish(store: Store, data, folder: Path):
+    """Complete the cache built in ``store.folder`` and move it to ``folder``; if another process
     got there first, drop ours and map theirs. Returns the data to use."""
-    save_meta(s, data)
+    save_meta(store, data)
     try:
-        s.folder.rename(folder)
+        store.folder.rename(folder)
     except OSError:  # the final folder exists: another process published it
-        shutil.rmtree(s.folder, ignore_errors=True)  # our mappings stay valid until dropped
+        shutil.rmtree(store.folder, ignore_errors=True)  # our mappings stay valid until dropped
         return load_cached(folder) or data
     return data
 

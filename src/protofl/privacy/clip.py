@@ -27,9 +27,10 @@ def l2_norm(tensors: Mapping[str, Tensor] | Iterable[Tensor]) -> float:
     return float(torch.sqrt(sum((t.double() ** 2).sum() for t in values)))
 
 
-def weights_delta(local: Mapping[str, Tensor], glob: Mapping[str, Tensor]) -> dict[str, Tensor]:
+def weights_delta(local: Mapping[str, Tensor], broadcast: Mapping[str, Tensor]
+                  ) -> dict[str, Tensor]:
     """W_k - W^t, key by key (floating-point entries only; others are not model weights)."""
-    return {k: local[k] - glob[k] for k in glob if glob[k].is_floating_point()}
+    return {k: local[k] - broadcast[k] for k in broadcast if broadcast[k].is_floating_point()}
 
 
 def clip(tensors: Mapping[str, Tensor], bound: float) -> tuple[dict[str, Tensor], float]:

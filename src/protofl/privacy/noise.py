@@ -68,7 +68,7 @@ def effective_multiplier(multipliers: Sequence[float]) -> float:
     return low / math.sqrt(sum((low / s) ** 2 for s in multipliers))
 
 
-def private_average(glob: Mapping[str, Tensor], local: Sequence[Mapping[str, Tensor]],
+def private_average(broadcast: Mapping[str, Tensor], local: Sequence[Mapping[str, Tensor]],
                     bound: float, multiplier: float, generator: torch.Generator | None = None,
                     client_side: bool = False) -> tuple[dict[str, Tensor], dict]:
     """DP-FedAvg's model step: W^t + (sum_k clip(W_k - W^t, bound) + noise) / K', the fixed
@@ -83,7 +83,7 @@ def private_average(glob: Mapping[str, Tensor], local: Sequence[Mapping[str, Ten
         raise ValueError("no client updates")
     clipped, norms = [], []
     for w in local:
-        c, n = clip(weights_delta(w, glob), bound)
+        c, n = clip(weights_delta(w, broadcast), bound)
         norms.append(n)
         if client_side:
             c = add_client_noise(c, bound, multiplier, k, generator)
@@ -92,5 +92,5 @@ def private_average(glob: Mapping[str, Tensor], local: Sequence[Mapping[str, Ten
         total = {key: sum(c[key] for c in clipped) for key in clipped[0]}
     else:
         total = noisy_sum(clipped, bound, multiplier, generator)
-    new = {key: glob[key] + total[key] / k for key in total}
+    new = {key: broadcast[key] + total[key] / k for key in total}
     return new, {"update_norms": norms, "clipped": sum(n > bound for n in norms)}

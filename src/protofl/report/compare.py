@@ -131,11 +131,11 @@ def mean_std(v: np.ndarray) -> dict | None:
     return {"mean": float(v.mean()), "std": float(v.std())} if len(v) else None
 
 
-def fmt(s: dict | None, key: str = "") -> str:
-    if s is None:
+def fmt(stat: dict | None, key: str = "") -> str:
+    if stat is None:
         return "–"
     f = ".1f" if key == "seconds" else ".4f"
-    return f"{s['mean']:{f}} ± {s['std']:{f}}"
+    return f"{stat['mean']:{f}} ± {stat['std']:{f}}"
 
 
 def caption_text(t: Table) -> str:

@@ -48,21 +48,21 @@ def plan_figures(secs: list[Section], fig_dir: Path) -> dict[Path, tuple]:
     return out
 
 
-def section_markdown(s: Section, figs: dict[Path, tuple], md: Path, legend: bool = False
+def section_markdown(section: Section, figs: dict[Path, tuple], md: Path, legend: bool = False
                      ) -> str:
     """A section's generated block (with the column legend when ``legend``)."""
-    lines = [begin(s.name), ""]
-    for t in s.tables:
+    lines = [begin(section.name), ""]
+    for t in section.tables:
         d = table_data(t)
         lines += table_markdown(t, d) + table4_markdown(t, d["table4"])
         for path, (_, _, title, sec) in figs.items():
-            if title == t.dataset and sec == s.name:
+            if title == t.dataset and sec == section.name:
                 rel = Path(os.path.relpath(path, md.parent)).as_posix()
                 what = "aggregation weights" if path.stem.endswith("_weights") else "curves"
-                lines += [f"![{s.name}, {t.dataset}: {what}]({rel})", ""]
+                lines += [f"![{section.name}, {t.dataset}: {what}]({rel})", ""]
     if legend:
         lines += [f"Columns: {LEGEND}", ""]
-    return "\n".join(lines + [end(s.name)])
+    return "\n".join(lines + [end(section.name)])
 
 
 def merge_sections(old: str, blocks: dict[str, str]) -> str:
