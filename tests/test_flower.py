@@ -36,7 +36,7 @@ from sitefiles import write_site  # noqa: E402
 
 from protofl.algorithms.registry import ALGORITHMS  # noqa: E402
 from protofl.api import run_experiment  # noqa: E402
-from protofl.config import Config, config_from_dict  # noqa: E402
+from protofl.config import Config, config_from_dict, load_raw  # noqa: E402
 from protofl.data.federated import FederatedData  # noqa: E402
 from protofl.data.site import server_federation, site_data  # noqa: E402
 from protofl.engine import runfolder  # noqa: E402
@@ -147,6 +147,20 @@ def test_flower_run_config_builds_protofl_config():
         "fedavg", 4, 0.5, 3)
     with pytest.raises(ProtoflError, match="clients.nope"):
         config_from_run({"set": "clients.nope=1"})
+
+
+def test_flower_run_config_defaults_keep_the_named_config(tmp_path):
+    """pyproject's run-config defaults plus ``config=`` give exactly that config (a default
+    ``set`` or round count would silently replace what the user's file says)."""
+    tomllib = pytest.importorskip("tomllib")
+    defaults = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"][
+        "config"]
+    path = tmp_path / "sites.yaml"
+    path.write_text("algorithm: fedavg\nrounds: 7\ndata: {name: digits, num_clients: 3}\n"
+                    "clients: {per_round: 3}\n")
+    cfg = config_from_run({**defaults, "config": str(path)})
+    assert cfg == config_from_dict(load_raw(str(path)))
+    assert (cfg.rounds, cfg.data.num_clients) == (7, 3)
 
 
 def test_flower_site_node_that_cannot_join_logs_one_line(tmp_path, caplog):
