@@ -368,6 +368,10 @@ def test_cli_data_list(capsys, tmp_path):
     for name in ("mnist", "voc", "dermamnist_224", "bloodmnist_64", "ham10000", "femnist",
                  "celeba", "matek19"):
         assert re.search(rf"^{name}\s", out, re.M), name
+    # every source says where its checksums come from
+    notes = re.findall(r"^\s+checksums: (.+)$", out, re.M)
+    assert len(notes) == len(SOURCES) and all(notes)
+    assert "torchvision's MNIST" in notes[0] and "doi:10.7910/DVN/DBW86T" in out
     assert main(["data", "fetch", "nope", "--root", str(tmp_path)]) == 2
 
 

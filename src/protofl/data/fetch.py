@@ -67,6 +67,7 @@ def list_sources(root: str | Path | None = None) -> list[str]:
     for s in SOURCES.values():
         state = " [fetched]" if is_complete(root / s.name) else ""
         lines.append(f"{s.name:15s} {s.dataset:9s} {s.size_note:36s} {s.description}{state}")
+        lines.append(f"{'':15s} checksums: {s.checksum_note}")
     return lines
 
 

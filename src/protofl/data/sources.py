@@ -54,6 +54,16 @@ class DataSource:
     prepare: str | None = None  # "module:function(folder)" run on the unpacked folder
     check: str | None = None  # "module:function(root)" that checks the loader's layout
 
+    @property
+    def checksum_note(self) -> str:
+        """Where the files' checksums come from, in one line."""
+        if self.manual:
+            return "none: put by hand (the loader checks the files' layout)"
+        if self.dataverse:
+            return (f"MD5s from the publisher's Dataverse record ({self.dataverse[1]}), read "
+                    "when fetching")
+        return "; ".join(dict.fromkeys(f.checksum_from for f in self.files if f.checksum_from))
+
 
 def _mnist() -> DataSource:
     official = "https://yann.lecun.com/exdb/mnist/"
