@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from protofl.api import resume_experiment, run_experiment
@@ -88,11 +89,11 @@ def test_non_finite_client_results_are_left_out(caplog):
     assert "client 1 left out" in caplog.text and "NaN" in caplog.text
 
 
-def test_divergence_stops_with_exit_3_and_keeps_the_last_checkpoint(tmp_path, capsys):
+@pytest.mark.parametrize("every", [1, 10])
+def test_divergence_stops_with_exit_3_and_keeps_the_last_checkpoint(tmp_path, capsys, every):
     out = tmp_path / "run"
-    code = main(["run", "--algorithm", "fedavg", "--dataset", "digits", "--rounds", "10",
-                 "--set", "data.num_clients=4", "--set", "clients.per_round=2",
-                 "--set", "clients.lr=1e30", "--set", "checkpoint_every=1",
+    code = main(["run", "--rounds", "6", "--set", "clients.lr=1000000.0",  # NaN in round 3
+                 "--set", f"checkpoint_every={every}",
                  "--set", "metrics.dissimilarity_clients=0", "--out", str(out), "-q"])
     err = capsys.readouterr().err
     assert code == Diverged.exit_code == 3
@@ -100,5 +101,10 @@ def test_divergence_stops_with_exit_3_and_keeps_the_last_checkpoint(tmp_path, ca
     assert len(errors) == 1 and "NaN/Inf" in errors[0] and "round" in errors[0]
     done = runfolder.read_metrics(out) if (out / runfolder.METRICS).exists() else []
     assert all(r["accuracy"] is not None for r in done)  # no NaN rounds written as null
-    if done:
-        assert runfolder.load_checkpoint(out)["round"] == done[-1]["round"]
+    assert [r["round"] for r in done] == [1, 2]
+    if every == 1:  # the message names the checkpoint the folder keeps, or that it has none
+        assert runfolder.load_checkpoint(out)["round"] == 2
+        assert "keeps its checkpoint of round 2" in errors[0]
+    else:
+        assert not (out / runfolder.CHECKPOINT).exists()
+        assert "has no checkpoint yet" in errors[0]

@@ -16,7 +16,7 @@ from protofl.data.site import SiteFederation
 from protofl.engine import runfolder
 from protofl.engine.callbacks import Callback, Progress, RunFolder, SaveWeights
 from protofl.engine.experiment import Experiment
-from protofl.errors import ProtoflError
+from protofl.errors import Diverged, ProtoflError
 from protofl.report.plots import PlotRun
 from protofl.report.stats import PartitionStats
 from protofl.report.trackers import Tracking, require
@@ -44,6 +44,18 @@ def runnable(exp: Experiment, out: Path | None) -> Experiment:
     return exp
 
 
+def run_in_folder(exp: Experiment, out: Path) -> dict:
+    """``exp.run()`` writing ``out`` (whose lock the caller holds); a diverged run's message
+    says what the folder keeps."""
+    try:
+        return exp.run()
+    except Diverged as e:
+        saved = next(cb.saved for cb in exp.callbacks if isinstance(cb, RunFolder))
+        kept = (f"{out} keeps its checkpoint of round {saved}" if saved else
+                f"{out} has no checkpoint yet (start again with --overwrite)")
+        raise Diverged(f"{e}; {kept}") from None
+
+
 def run_experiment(cfg: Config, out: str | Path | None = None, *, overwrite: bool = False,
                    progress: bool = False, callbacks: Sequence[Callback] = ()) -> dict:
     """Run ``cfg`` to the end, writing a run folder at ``out`` if given (held locked against
@@ -54,7 +66,7 @@ def run_experiment(cfg: Config, out: str | Path | None = None, *, overwrite: boo
     if out is None:
         return exp.run()
     with runfolder.lock(out):
-        return exp.run()
+        return run_in_folder(exp, out)
 
 
 def resume_experiment(out: str | Path, rounds: int | None = None, progress: bool = False,
@@ -79,4 +91,4 @@ def resume_experiment(out: str | Path, rounds: int | None = None, progress: bool
         exp = runnable(Experiment(cfg), out)
         exp.callbacks += [*folder_callbacks(out, False, progress), *callbacks]
         exp.resume(out, snapshot)
-        return exp.run()
+        return run_in_folder(exp, out)

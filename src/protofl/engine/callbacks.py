@@ -225,9 +225,11 @@ class RunFolder(Callback):
 
     def __init__(self, out: Path, overwrite: bool = False):
         self.out, self.overwrite = Path(out), overwrite
+        self.saved: int | None = None  # the round of the folder's checkpoint, if any
 
     def on_run_start(self, exp):
         if exp.round:
+            self.saved = exp.round
             runfolder.truncate_metrics(self.out, exp.round)
             return
         runfolder.prepare(self.out, self.overwrite)
@@ -239,6 +241,7 @@ class RunFolder(Callback):
         last = exp.round if exp.stopped else exp.cfg.rounds
         if runfolder.should_checkpoint(exp.round, exp.cfg.checkpoint_every, last):
             runfolder.save_checkpoint(self.out, exp.snapshot())
+            self.saved = exp.round
 
     def on_run_end(self, exp, summary):
         runfolder.write_json(self.out / runfolder.SUMMARY, summary)

@@ -167,8 +167,7 @@ class Experiment:
         results, rejected = self.screen(trained, t)
         if trained and all(not math.isfinite(r.loss) for r in trained):
             raise Diverged(f"round {t}: local training diverged on every client (training "
-                           "loss NaN/Inf); the run stopped (its run folder keeps the last "
-                           "checkpoint); lower clients.lr")
+                           "loss NaN/Inf), so the run stopped; lower clients.lr")
         for r in results:  # uploads meet the server state on its device; states wait on the CPU
             r.upload, r.state = devices.to_device(r.upload, self.server), devices.to_host(r.state)
         record: dict = {"round": t, "clients": [r.client for r in results],
@@ -186,8 +185,7 @@ class Experiment:
                       if isinstance(v, torch.Tensor) and v.is_floating_point()]
             if finite and not bool(torch.stack(finite).all()):  # one device sync, not one each
                 raise Diverged(f"round {t}: the global model became NaN/Inf from finite "
-                               "client updates; the run stopped (its run folder keeps the last "
-                               "checkpoint); lower clients.lr")
+                               "client updates, so the run stopped; lower clients.lr")
             record.update(diag)
             record["client_loss"] = float(np.mean([r.loss for r in results]))
         if self.private is not None and self.private.dp:
