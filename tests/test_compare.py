@@ -186,7 +186,7 @@ def test_unwritable_out_and_a_foreign_summary_are_one_line(tmp_path, capsys):
     run = make_run(tmp_path / "runs" / "a")
     (tmp_path / "file").write_text("x")
     _one_line_exit_2(["compare", str(run), "--out", str(tmp_path / "file" / "t.md")], capsys,
-                     "cannot write")
+                     "a folder on its path is a file")
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "summary.json").write_text(json.dumps({"table": 1}))

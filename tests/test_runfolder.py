@@ -252,7 +252,7 @@ def test_damaged_or_missing_checkpoint_is_one_line(tmp_path):
             rf.load_checkpoint(tmp_path)
 
 
-def test_resume_after_a_kill_mid_write_of_metrics(tmp_path, monkeypatch):
+def test_resume_after_a_kill_mid_write_of_metrics(tmp_path, monkeypatch, caplog):
     """A torn last line (a kill while appending) no longer blocks --resume."""
     from protofl import api as experiment  # run_experiment, resume_experiment
     from protofl.config import config_from_dict
@@ -276,6 +276,7 @@ def test_resume_after_a_kill_mid_write_of_metrics(tmp_path, monkeypatch):
     with open(tmp_path / "killed" / rf.METRICS, "a") as f:
         f.write('{"round": 3, "accura')
     experiment.resume_experiment(tmp_path / "killed")
+    assert caplog.text.count("dropped a torn last line") == 1  # said once
 
     def strip(rows):
         return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]

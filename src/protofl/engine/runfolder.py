@@ -230,10 +230,10 @@ def read_metrics(folder: Path) -> list[dict]:
 
 def truncate_metrics(out: Path, last_round: int) -> None:
     """Drop metric lines past the checkpoint (they are recomputed on resume), and a torn last
-    line; the file is rewritten atomically."""
+    line (which ``check_history`` has reported); the file is rewritten atomically."""
     path = out / METRICS
     if path.exists():
-        keep = [r for r in read_metrics(out) if r["round"] <= last_round]
+        keep = [r for r in read_metrics_checked(out).rows if r["round"] <= last_round]
         atomic_write(path, "".join(json.dumps(json_safe(r)) + "\n" for r in keep).encode())
 
 

@@ -47,13 +47,19 @@ def check_targets(targets: Iterable[Path], runs: Iterable[Path], overwrite: bool
             raise ProtoflError(f"{t} already exists; use --overwrite to replace it")
 
 
+def _refusal(path: Path, e: OSError) -> ProtoflError:
+    if isinstance(e, (FileExistsError, NotADirectoryError)):  # a folder on the way is a file
+        return ProtoflError(f"cannot write {path}: a folder on its path is a file")
+    return ProtoflError(f"cannot write {path}: {e.strerror or e}")
+
+
 def write_bytes(path: Path, data: bytes) -> None:
     """Create the parent folders and write atomically; an OSError becomes one line."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         runfolder.atomic_write(path, data)
     except OSError as e:
-        raise ProtoflError(f"cannot write {path}: {e.strerror or e}") from None
+        raise _refusal(path, e) from None
 
 
 def write_text(path: Path, text: str) -> None:
@@ -70,6 +76,6 @@ def writable(path: Path) -> None:
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ProtoflError(f"cannot write {path}: {e.strerror or e}") from None
+        raise _refusal(path, e) from None
     if not os.access(parent, os.W_OK):
         raise ProtoflError(f"cannot write {path}: permission denied")
