@@ -88,10 +88,10 @@ def algorithm_upload_keys() -> set[str]:
     return keys
 
 
-def test_engine_and_metrics_name_no_algorithm_upload_key():
+def test_engine_metrics_and_flower_name_no_algorithm_upload_key():
     keys = algorithm_upload_keys()
     for name, path in modules().items():
-        if name.startswith(("protofl.engine", "protofl.metrics")):
+        if name.startswith(("protofl.engine", "protofl.metrics", "protofl.flower")):
             strings = {n.value for n in ast.walk(ast.parse(path.read_text()))
                        if isinstance(n, ast.Constant) and isinstance(n.value, str)}
             assert not strings & keys, f"{name} names {strings & keys}"
