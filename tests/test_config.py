@@ -89,6 +89,17 @@ def test_a_declared_range_binds_every_model():
         config_from_dict({"model": {"name": "mlp", "norm": "layer"}})
 
 
+@pytest.mark.parametrize("model", [{"norm": "batch"}, {"pretrained": "weights.pt"}])
+def test_norm_and_pretrained_are_refused_for_models_without_them(model):
+    """A valid value that the model would ignore (an MLP has no normalisation) is refused."""
+    from protofl.engine.experiment import Experiment
+
+    cfg = config_from_dict({"data": {"name": "synthetic", "num_clients": 4},
+                            "clients": {"per_round": 2}, "model": {"name": "mlp", **model}})
+    with pytest.raises(ProtoflError, match=f"model.{next(iter(model))} applies to resnet18"):
+        Experiment(cfg)
+
+
 @pytest.mark.parametrize("algorithm,expected", [
     ("fedproin", {"optimizer": "adam", "lr": 1e-4, "batch_size": 128, "local_epochs": 5}),
     ("moon", {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-5,

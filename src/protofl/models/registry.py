@@ -21,6 +21,7 @@ MODELS: dict[str, tuple[str, str]] = {
 
 
 SEG_OPTIONS = ("width", "output_stride", "channels")
+NORMALISED = ("resnet18", "deeplabv3plus")  # the models model.norm and model.pretrained apply to
 # DeepLab's config keys (model.*) and the values they take when neither the config nor the
 # dataset sets them
 DEEPLAB_KEYS = {"width": 1.0, "output_stride": 16, "seg_channels": 256}
@@ -29,8 +30,13 @@ DEEPLAB_KEYS = {"width": 1.0, "output_stride": 16, "seg_channels": 256}
 def resolve_model_config(name: str, cfg: ModelConfig, dataset_defaults: dict | None = None
                          ) -> ModelConfig:
     """``cfg`` with DeepLab's null keys filled (the dataset's values, else the defaults), so
-    the resolved config names the model built; a DeepLab key set for another model, or
-    channels that are not a multiple of 8, is a one-line error."""
+    the resolved config names the model built; a DeepLab key set for another model,
+    ``norm: batch`` or ``pretrained`` for a model without them, or channels that are not a
+    multiple of 8, is a one-line error."""
+    if name not in NORMALISED and (cfg.norm != "group" or cfg.pretrained is not None):
+        key = "norm" if cfg.norm != "group" else "pretrained"
+        raise ProtoflError(f"config: model.{key} applies to {' and '.join(NORMALISED)} only, "
+                           f"not {name!r}")
     given = [k for k in DEEPLAB_KEYS if getattr(cfg, k) is not None]
     if name != "deeplabv3plus":
         if given:
