@@ -40,12 +40,17 @@ def test_suites_without_ffd_run_in_one_phase(tmp_path):
 
 
 def test_fedproin_suite_uses_fedproins_own_optimizer():
+    """fedproin trains with its paper's optimizer, once with the suite's local work and once
+    with its paper's too (batch 128, E = 5); the baselines share the suite's."""
     seen = set()
     for raw, folder in plan("fedproin", Path("out"), seeds=(0,)):
         cfg = config_from_dict(raw)
         c = resolve_defaults(cfg.clients, algorithm_class(cfg.algorithm).client_defaults)
         want = ("adam", 1e-4) if cfg.algorithm == "fedproin" else ("adam", 1e-3)
         assert (c.optimizer, c.lr) == want, folder
-        assert (c.local_steps, c.batch_size, c.momentum, c.weight_decay) == (10, 32, 0.0, 0.0)
-        seen.add(cfg.algorithm)
-    assert {"fedproin", "moon", "fedavg"} <= seen
+        row = Path(folder).parent.name
+        work = (None, 128, 5) if row == "fedproin-paper" else (10, 32, c.local_epochs)
+        assert (c.local_steps, c.batch_size, c.local_epochs) == work, folder
+        assert (c.momentum, c.weight_decay) == (0.0, 0.0)
+        seen.add(row)
+    assert {"fedproin", "fedproin-paper", "moon", "fedavg"} <= seen

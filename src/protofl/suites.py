@@ -45,6 +45,7 @@ FEDPROIN_DIGITS = {
     "metrics": {"dissimilarity_clients": 0},
 }
 OWN_OPTIMIZER = {"optimizer": None, "lr": None}  # null: the algorithm's paper setting
+OWN_LOCAL_WORK = {**OWN_OPTIMIZER, "batch_size": None, "local_steps": None}  # and its E, B
 
 
 # the FFD reference of a suite: the centralized baseline (sequential: one client, no vmap)
@@ -156,14 +157,16 @@ SUITES: dict[str, Suite] = {
         },
     ),
     "fedproin": Suite(
-        "fedproin (its paper's Adam, lr 1e-4) vs fedavg, fedprox, moon, fedproto, fedtgp, "
-        "fedplvm (Adam, lr 1e-3) on digits (K = 10, 5 per round), Dirichlet 0.5 and IID, "
-        "3 seeds",
+        "fedproin (its paper's Adam, lr 1e-4; and once more with its paper's batch 128 and "
+        "E = 5 as well) vs fedavg, fedprox, moon, fedproto, fedtgp, fedplvm (Adam, lr 1e-3) "
+        "on digits (K = 10, 5 per round), Dirichlet 0.5 and IID, 3 seeds",
         {"digits-dir0.5": merge(FEDPROIN_DIGITS, {"data": {"partition": "dirichlet",
                                                             "alpha": 0.5}}),
          "digits-iid": merge(FEDPROIN_DIGITS, {"data": {"partition": "iid"}})},
         {"fedproin": {"algorithm": "fedproin", "algo": {"flips": False},  # digits: no flips
                       "clients": OWN_OPTIMIZER},
+         "fedproin-paper": {"algorithm": "fedproin", "algo": {"flips": False},
+                            "clients": OWN_LOCAL_WORK},
          **{name: {"algorithm": name} for name in ("fedavg", "fedprox", "moon", "fedproto",
                                                      "fedtgp", "fedplvm")}},
     ),
