@@ -37,7 +37,7 @@ def find_runs(path: Path) -> list[Path]:
 
 
 def sections(paths: list[Path]) -> list[Section]:
-    """A section per folder of runs, plus one (``runs``) for run folders given directly."""
+    """A section per folder of runs, plus one (``run folders``) for those given directly."""
     single, groups = [], []
     for p in map(Path, paths):
         found = find_runs(p)
@@ -46,6 +46,6 @@ def sections(paths: list[Path]) -> list[Section]:
         else:
             groups.append((str(p), found))
     if single:
-        groups.insert(0, ("runs", single))
+        groups.insert(0, ("run folders", single))
     outputs.unique_runs([f for _, fs in groups for f in fs])  # each run counted once
     return [Section(name, make_tables(load_runs(fs))) for name, fs in groups]
