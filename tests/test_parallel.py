@@ -243,3 +243,21 @@ def test_packing_keeps_every_tensor_and_leaf():
     back = parallel.unpack(pickle.loads(pickle.dumps(packed)))
     assert back[1] == [1, "x", 0.5, None] and back[2] == {}
     same(back[0], tree[0])
+
+
+def test_threads_default_to_one_for_small_models_and_follow_the_key(monkeypatch):
+    """`threads`: 1 for models under a million parameters (more threads only spin), half the
+    usable cores for larger ones; a set value is used as given and kept in config.json."""
+    from protofl.engine import experiment
+
+    monkeypatch.setattr(experiment, "usable_cores", lambda: 8)
+    assert experiment.auto_threads(nn.Linear(10, 10)) == 1
+    assert experiment.auto_threads(nn.Linear(1000, 1000)) == 4  # 1,001,000 parameters
+    before = torch.get_num_threads()
+    try:
+        for threads, want in ((None, 1), (3, 3)):
+            exp = experiment.Experiment(config_from_dict(
+                {"threads": threads, "data": {"num_clients": 4}, "clients": {"per_round": 2}}))
+            assert torch.get_num_threads() == want and exp.cfg.threads == want
+    finally:
+        torch.set_num_threads(before)
