@@ -128,13 +128,16 @@ def make_tables(runs: list[dict]) -> list[Table]:
 
 
 def mean_std(v: np.ndarray) -> dict | None:
-    return {"mean": float(v.mean()), "std": float(v.std())} if len(v) else None
+    return {"mean": float(v.mean()), "std": float(v.std()), "n": len(v)} if len(v) else None
 
 
 def fmt(stat: dict | None, key: str = "") -> str:
+    """``mean ± std``, or the value alone when one run gave it (a std of 0 says nothing)."""
     if stat is None:
         return "–"
     f = ".1f" if key == "seconds" else ".4f"
+    if stat.get("n") == 1:
+        return f"{stat['mean']:{f}}"
     return f"{stat['mean']:{f}} ± {stat['std']:{f}}"
 
 
