@@ -376,7 +376,7 @@ def restore(exp: Experiment, out: Path) -> None:
 def make_server_app(cfg: Config | None = None, out: Path | None = None,
                     on_finish: Any = None, callbacks: Sequence[Callback] = ()) -> ServerApp:
     """A ServerApp for ``cfg`` (``None``: read the run config); ``on_finish(exp)`` is called
-    with the finished FlowerExperiment (tests, notebooks); ``callbacks`` join the run's."""
+    with the finished Experiment (tests, notebooks); ``callbacks`` join the run's."""
     app = ServerApp()
 
     @app.main()
