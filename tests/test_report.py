@@ -122,3 +122,12 @@ def test_report_of_real_runs(tmp_path):
     html = out.read_text()
     assert "4 clients, 2 per round, 2 rounds of 1 local steps" in html
     assert "aggregation weights" in html and "FFD: not measured" in html
+
+
+def test_a_metric_logged_once_keeps_its_curve_and_a_flat_one_is_a_line():
+    from protofl.report.figures import numeric_metrics
+
+    runs = [[{"round": 1, "accuracy": 0.5, "clients_evaluated": 6, "once": 2.0},
+             {"round": 2, "accuracy": 0.6, "clients_evaluated": 6, "flag": True}]]
+    keys, flat = numeric_metrics(runs)
+    assert keys == ["accuracy", "once"] and flat == {"clients_evaluated": 6.0}

@@ -38,18 +38,18 @@ def _number(v) -> bool:
 def numeric_metrics(runs_rows: list[list[dict]]) -> tuple[list[str], dict[str, float]]:
     """Per-round keys with finite numbers (not ``round``) in report order, and the constant ones.
 
-    A key whose every value is the same (``clients_evaluated`` when every client is scored)
-    would draw a flat line: it is returned apart, with its value.
+    A key logged more than once, always with the same value (``clients_evaluated`` when every
+    client is scored), would draw a flat line: it is returned apart, with its value.
     """
-    values: dict[str, set[float]] = {}
+    values: dict[str, list[float]] = {}
     for rows in runs_rows:
         for r in rows:
             for k, v in r.items():
                 if k != "round" and _number(v):
-                    values.setdefault(k, set()).add(float(v))
+                    values.setdefault(k, []).append(float(v))
     keys = [k for k in FIRST if k in values] + sorted(set(values) - set(FIRST))
-    return ([k for k in keys if len(values[k]) > 1],
-            {k: next(iter(values[k])) for k in keys if len(values[k]) == 1})
+    flat = {k: values[k][0] for k in keys if len(values[k]) > 1 and len(set(values[k])) == 1}
+    return [k for k in keys if k not in flat], flat
 
 
 def band(runs_rows: list[list[dict]], key: str) -> tuple[list, list, list] | None:
