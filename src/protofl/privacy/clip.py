@@ -27,12 +27,6 @@ def l2_norm(tensors: Mapping[str, Tensor] | Iterable[Tensor]) -> float:
     return float(torch.sqrt(sum((t.double() ** 2).sum() for t in values)))
 
 
-def weights_delta(local: Mapping[str, Tensor], broadcast: Mapping[str, Tensor]
-                  ) -> dict[str, Tensor]:
-    """W_k - W^t, key by key (floating-point entries only; others are not model weights)."""
-    return {k: local[k] - broadcast[k] for k in broadcast if broadcast[k].is_floating_point()}
-
-
 def clip(tensors: Mapping[str, Tensor], bound: float) -> tuple[dict[str, Tensor], float]:
     """``tensors`` scaled by min(1, bound / norm) as one vector, and the norm before clipping."""
     if bound <= 0:
@@ -57,13 +51,3 @@ def clip_prototypes(protos: Tensor, counts: Tensor, bound: float) -> tuple[Tenso
     norms = protos.norm(dim=-1, keepdim=True)
     scale = torch.where(norms > bound, bound / norms.clamp_min(1e-30), torch.ones_like(norms))
     return frac.unsqueeze(-1) * (protos * scale), frac
-
-
-def prototypes_from_sums(sums: Tensor, weights: Tensor, previous: Tensor,
-                         min_weight: float) -> Tensor:
-    """Server prototypes from (noisy) sums of ``clip_prototypes`` outputs: sums / weights where
-    the summed weight exceeds ``min_weight`` (with noise, choose a few noise stds), else the
-    previous prototype, as fedmargin keeps a class that no active client holds."""
-    ok = weights > min_weight
-    est = sums / torch.where(ok, weights, torch.ones_like(weights)).unsqueeze(-1)
-    return torch.where(ok.unsqueeze(-1), est, previous)

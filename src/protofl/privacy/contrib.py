@@ -29,7 +29,6 @@ K' shares of std sigma bound / sqrt(K'), by the clients.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +37,7 @@ from torch import Tensor
 from protofl.algorithms.base import Algorithm, Tensors, UploadEntry
 from protofl.nested import flatten, unflatten
 from protofl.privacy.clip import clip, clip_prototypes, l2_norm
-from protofl.privacy.noise import effective_multiplier
+from protofl.privacy.noise import client_noise_std, distributed_multiplier, effective_multiplier
 
 F64 = torch.float64
 DP_THRESHOLD = 2.0  # a noised count sum counts when above this many noise stds
@@ -179,7 +178,7 @@ class SumForm:
 
         for part, bound in self.bounds().items():
             top, _, key = part.partition(".")
-            std = sigma * bound / math.sqrt(shares)
+            std = client_noise_std(bound, sigma, shares)
             if top == "delta":
                 out[top] = {k: noisy(v, std) for k, v in tree[top].items()}
             elif key:
@@ -197,7 +196,7 @@ class SumForm:
             return 0.0
         sigma = s.multiplier
         if s.client_noise and received is not None:
-            sigma *= math.sqrt(min(received, s.clients) / s.clients)
+            sigma = distributed_multiplier(sigma, s.clients, min(received, s.clients))
         return effective_multiplier([sigma] * len(self.bounds()))
 
     # ---- what the server makes of the sum ----

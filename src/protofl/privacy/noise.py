@@ -11,44 +11,12 @@ and the accountant must be told.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-
-import torch
-from torch import Tensor
-
-from protofl.privacy.clip import l2_norm
-
-
-def _noise_like(tensors: Mapping[str, Tensor], std: float,
-                generator: torch.Generator | None) -> dict[str, Tensor]:
-    return {k: t + std * torch.randn(t.shape, generator=generator, dtype=t.dtype)
-            for k, t in tensors.items()}
-
-
-def noisy_sum(contributions: Sequence[Mapping[str, Tensor]], bound: float, multiplier: float,
-              generator: torch.Generator | None = None) -> dict[str, Tensor]:
-    """Sum of clipped contributions plus N(0, (multiplier * bound)^2) on every entry. A
-    contribution whose norm exceeds ``bound`` is a bug upstream: ValueError."""
-    if not contributions:
-        raise ValueError("no contributions to sum")
-    for i, c in enumerate(contributions):
-        if l2_norm(c) > bound * (1 + 1e-5):
-            raise ValueError(f"contribution {i} has norm {l2_norm(c):.6g} > bound {bound}: "
-                             "clip it first")
-    total = {k: sum(c[k] for c in contributions) for k in contributions[0]}
-    return _noise_like(total, multiplier * bound, generator)
+from collections.abc import Sequence
 
 
 def client_noise_std(bound: float, multiplier: float, num_clients: int) -> float:
     """The std each of ``num_clients`` clients adds so that their sum carries multiplier*bound."""
     return multiplier * bound / math.sqrt(num_clients)
-
-
-def add_client_noise(tensors: Mapping[str, Tensor], bound: float, multiplier: float,
-                     num_clients: int, generator: torch.Generator | None = None
-                     ) -> dict[str, Tensor]:
-    """One client's clipped contribution plus its share of the noise."""
-    return _noise_like(tensors, client_noise_std(bound, multiplier, num_clients), generator)
 
 
 def distributed_multiplier(multiplier: float, expected: int, received: int) -> float:
@@ -66,31 +34,3 @@ def effective_multiplier(multipliers: Sequence[float]) -> float:
         return 0.0
     low = min(multipliers)  # factored out, so extreme values neither overflow nor vanish
     return low / math.sqrt(sum((low / s) ** 2 for s in multipliers))
-
-
-def private_average(broadcast: Mapping[str, Tensor], local: Sequence[Mapping[str, Tensor]],
-                    bound: float, multiplier: float, generator: torch.Generator | None = None,
-                    client_side: bool = False) -> tuple[dict[str, Tensor], dict]:
-    """DP-FedAvg's model step: W^t + (sum_k clip(W_k - W^t, bound) + noise) / K', the fixed
-    denominator K' = len(local) (public). Noise std multiplier*bound on the sum, added by the
-    server, or (``client_side``) as K' shares of std multiplier*bound/sqrt(K') added by the
-    clients before summing. Returns the new floating-point weights and diagnostics (each
-    client's update norm before clipping, and how many were clipped)."""
-    from protofl.privacy.clip import clip, weights_delta
-
-    k = len(local)
-    if k == 0:
-        raise ValueError("no client updates")
-    clipped, norms = [], []
-    for w in local:
-        c, n = clip(weights_delta(w, broadcast), bound)
-        norms.append(n)
-        if client_side:
-            c = add_client_noise(c, bound, multiplier, k, generator)
-        clipped.append(c)
-    if client_side:
-        total = {key: sum(c[key] for c in clipped) for key in clipped[0]}
-    else:
-        total = noisy_sum(clipped, bound, multiplier, generator)
-    new = {key: broadcast[key] + total[key] / k for key in total}
-    return new, {"update_norms": norms, "clipped": sum(n > bound for n in norms)}
