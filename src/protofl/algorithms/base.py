@@ -198,6 +198,15 @@ class Algorithm:
         learnable prototypes)."""
         return model
 
+    def wrapped(self, model: ProtoNet, kind: type[ProtoNet],
+                make: Callable[[ProtoNet], ProtoNet]) -> ProtoNet:
+        """``model`` inside a ``kind`` wrapper made by ``make``, for ``wrap_model``: the same
+        module on every call (``self.model`` when it wraps ``model``; a wrapper as is)."""
+        current = getattr(self, "model", None)
+        if isinstance(current, kind) and model in (current, current.backbone):
+            return current
+        return model if isinstance(model, kind) else make(model)
+
     def client_pipeline(self) -> ClientPipeline:
         """How clients turn their data into batches (default: shuffled epochs, as stored)."""
         return ClientPipeline()

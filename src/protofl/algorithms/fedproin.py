@@ -196,12 +196,8 @@ class FedProIn(Algorithm):
 
     def wrap_model(self, model: ProtoNet) -> PrototypeModel:
         """The encoder with this algorithm's prototypes (the same module on every call)."""
-        current = getattr(self, "model", None)
-        if isinstance(current, PrototypeModel) and model in (current, current.backbone):
-            return current
-        if not isinstance(model, PrototypeModel):
-            model = PrototypeModel(model, self.num_classes, self.opts.prototypes_per_class)
-        return model
+        return self.wrapped(model, PrototypeModel, lambda m: PrototypeModel(
+            m, self.num_classes, self.opts.prototypes_per_class))
 
     def client_pipeline(self) -> ClientPipeline:
         """Class-balanced epochs and adaptive augmentation (each switchable)."""

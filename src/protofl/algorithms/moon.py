@@ -133,12 +133,8 @@ class Moon(Algorithm):
             if not hasattr(model, HEAD):
                 model.add_module(HEAD, projection_head(model.feature_dim, self.opts.proj_dim))
             return model
-        current = getattr(self, "model", None)
-        if isinstance(current, MoonNet) and model in (current, current.backbone):
-            return current
-        if isinstance(model, MoonNet):
-            return model
-        return MoonNet(model, self.num_classes, self.opts.proj_dim)
+        return self.wrapped(model, MoonNet,
+                            lambda m: MoonNet(m, self.num_classes, self.opts.proj_dim))
 
     def client_begin(self, model, broadcast, client_state, x, y) -> MoonContext:
         prev = client_state.get("prev", broadcast)
