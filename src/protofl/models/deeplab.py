@@ -30,6 +30,9 @@ from protofl.models.pretrained import read_state_dict, source_tensor
 
 NORMS = ("group", "batch")
 OUTPUT_STRIDES = (8, 16)
+# the defaults of width multiplier, output stride and ASPP/decoder channels (model.width,
+# model.output_stride, model.seg_channels)
+DEFAULTS = {"width": 1.0, "output_stride": 16, "channels": 256}
 # (expansion t, channels c, repeats n, first stride s) of MobileNetV2's bottleneck stages
 STAGES = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
           (6, 160, 3, 2), (6, 320, 1, 1))
@@ -144,8 +147,10 @@ class DeepLabV3Plus(ProtoNet):
     ``head(z)`` -> ``(B, num_classes, H, W)`` logits (see the module docstring). ``head``
     upsamples to the ``(H, W)`` of ``in_shape``, so inputs must have that size."""
 
-    def __init__(self, in_shape: tuple[int, ...], num_classes: int, width: float = 1.0,
-                 output_stride: int = 16, channels: int = 256, norm: str = "group",
+    def __init__(self, in_shape: tuple[int, ...], num_classes: int,
+                 width: float = DEFAULTS["width"],
+                 output_stride: int = DEFAULTS["output_stride"],
+                 channels: int = DEFAULTS["channels"], norm: str = "group",
                  rates: tuple[int, ...] | None = None, skip_channels: int | None = None):
         super().__init__()
         if len(in_shape) != 3:
@@ -211,14 +216,14 @@ def deeplabv3plus(in_shape: tuple[int, ...], num_classes: int, cfg=None, *,
                   width: float | None = None, output_stride: int | None = None,
                   channels: int | None = None) -> DeepLabV3Plus:
     """Registry builder. Options come from the keyword arguments, else from ``cfg``'s
-    ``width``, ``output_stride`` and ``seg_channels`` attributes when it has them, else the
-    defaults 1.0, 16, 256; ``cfg.norm`` and ``cfg.pretrained`` are used as for ResNet-18."""
-    def pick(value, attr, default):
-        return value if value is not None else getattr(cfg, attr, None) or default
+    ``width``, ``output_stride`` and ``seg_channels`` attributes when it has them, else
+    ``DEFAULTS``; ``cfg.norm`` and ``cfg.pretrained`` are used as for ResNet-18."""
+    def pick(value, attr, key):
+        return value if value is not None else getattr(cfg, attr, None) or DEFAULTS[key]
 
-    model = DeepLabV3Plus(tuple(in_shape), num_classes, width=pick(width, "width", 1.0),
-                          output_stride=pick(output_stride, "output_stride", 16),
-                          channels=pick(channels, "seg_channels", 256),
+    model = DeepLabV3Plus(tuple(in_shape), num_classes, width=pick(width, "width", "width"),
+                          output_stride=pick(output_stride, "output_stride", "output_stride"),
+                          channels=pick(channels, "seg_channels", "channels"),
                           norm=getattr(cfg, "norm", None) or "group")
     if getattr(cfg, "pretrained", None):
         load_pretrained(model, cfg.pretrained)

@@ -7,6 +7,7 @@ import importlib
 
 from protofl.config import ModelConfig
 from protofl.errors import ProtoflError
+from protofl.models.deeplab import DEFAULTS
 from protofl.models.nets import ProtoNet
 
 MODELS: dict[str, tuple[str, str]] = {
@@ -24,7 +25,8 @@ SEG_OPTIONS = ("width", "output_stride", "channels")
 NORMALISED = ("resnet18", "deeplabv3plus")  # the models model.norm and model.pretrained apply to
 # DeepLab's config keys (model.*) and the values they take when neither the config nor the
 # dataset sets them
-DEEPLAB_KEYS = {"width": 1.0, "output_stride": 16, "seg_channels": 256}
+DEEPLAB_KEYS = {"width": DEFAULTS["width"], "output_stride": DEFAULTS["output_stride"],
+                "seg_channels": DEFAULTS["channels"]}
 
 
 def resolve_model_config(name: str, cfg: ModelConfig, dataset_defaults: dict | None = None
