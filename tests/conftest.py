@@ -10,6 +10,32 @@ def _one_thread():
 
 
 @pytest.fixture
+def kill_after(monkeypatch):
+    """``with kill_after(n):`` a run is killed (KeyboardInterrupt) as it starts round n + 1,
+    after round n is written; ``Experiment.step`` is itself again after the block."""
+    from contextlib import contextmanager
+
+    from protofl.engine.experiment import Experiment
+
+    real = Experiment.step
+
+    @contextmanager
+    def killing(rounds: int):
+        def dying(self):
+            if self.round == rounds:
+                raise KeyboardInterrupt
+            return real(self)
+
+        monkeypatch.setattr(Experiment, "step", dying)
+        try:
+            yield
+        finally:
+            monkeypatch.setattr(Experiment, "step", real)
+
+    return killing
+
+
+@pytest.fixture
 def tiny_digits():
     """Run 2 rounds of an algorithm on digits (4 clients, 2 active, 2 local steps); returns
     the finished Experiment and its summary."""

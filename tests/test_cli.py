@@ -5,7 +5,6 @@ import pytest
 from protofl.api import resume_experiment, run_experiment
 from protofl.cli import main
 from protofl.config import config_from_dict
-from protofl.engine import experiment
 from protofl.engine.runfolder import read_metrics
 
 TINY = ["--rounds", "3", "--set", "clients.per_round=3", "--set", "data.num_clients=6",
@@ -42,24 +41,16 @@ def test_same_seed_same_numbers(tmp_path):
     assert _strip(read_metrics(tmp_path / "a")) != _strip(read_metrics(tmp_path / "c"))
 
 
-def test_resume_equals_uninterrupted(tmp_path, monkeypatch):
+def test_resume_equals_uninterrupted(tmp_path, kill_after):
     raw = {"rounds": 5, "checkpoint_every": 2, "seed": 1,
            "data": {"num_clients": 6}, "clients": {"per_round": 3, "local_steps": 3,
                                                    "stragglers": 0.4},
            "metrics": {"dissimilarity_clients": 2}}
     run_experiment(config_from_dict(raw), tmp_path / "full")
 
-    real_step = experiment.Experiment.step
-
-    def dying_step(self):
-        if self.round == 3:  # killed during round 4, after the round-2 checkpoint
-            raise KeyboardInterrupt
-        return real_step(self)
-
-    monkeypatch.setattr(experiment.Experiment, "step", dying_step)
-    with pytest.raises(KeyboardInterrupt):
+    # killed during round 4, after the round-2 checkpoint
+    with kill_after(3), pytest.raises(KeyboardInterrupt):
         run_experiment(config_from_dict(raw), tmp_path / "killed")
-    monkeypatch.setattr(experiment.Experiment, "step", real_step)
     assert [r["round"] for r in read_metrics(tmp_path / "killed")] == [1, 2, 3]
     resume_experiment(tmp_path / "killed")
     assert _strip(read_metrics(tmp_path / "killed")) == _strip(read_metrics(tmp_path / "full"))

@@ -252,27 +252,17 @@ def test_damaged_or_missing_checkpoint_is_one_line(tmp_path):
             rf.load_checkpoint(tmp_path)
 
 
-def test_resume_after_a_kill_mid_write_of_metrics(tmp_path, monkeypatch, caplog):
+def test_resume_after_a_kill_mid_write_of_metrics(tmp_path, kill_after, caplog):
     """A torn last line (a kill while appending) no longer blocks --resume."""
     from protofl import api as experiment  # run_experiment, resume_experiment
     from protofl.config import config_from_dict
-    from protofl.engine import experiment as engine
 
     raw = {"rounds": 3, "checkpoint_every": 1, "seed": 2, "data": {"num_clients": 4},
            "clients": {"per_round": 2, "local_steps": 1},
            "metrics": {"dissimilarity_clients": 0}}
     experiment.run_experiment(config_from_dict(raw), tmp_path / "full")
-    real = engine.Experiment.step
-
-    def dying(self):
-        if self.round == 2:
-            raise KeyboardInterrupt
-        return real(self)
-
-    monkeypatch.setattr(engine.Experiment, "step", dying)
-    with pytest.raises(KeyboardInterrupt):
+    with kill_after(2), pytest.raises(KeyboardInterrupt):
         experiment.run_experiment(config_from_dict(raw), tmp_path / "killed")
-    monkeypatch.setattr(engine.Experiment, "step", real)
     with open(tmp_path / "killed" / rf.METRICS, "a") as f:
         f.write('{"round": 3, "accura')
     experiment.resume_experiment(tmp_path / "killed")

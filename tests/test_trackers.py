@@ -79,7 +79,7 @@ TINY_RUN = {"rounds": 4, "checkpoint_every": 2, "data": {"num_clients": 6},
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy 2.1 inside MLflow
-def test_run_logs_to_both_trackers_and_resume_continues_the_mlflow_run(tmp_path, monkeypatch):
+def test_run_logs_to_both_trackers_and_resume_continues_the_mlflow_run(tmp_path, kill_after):
     pytest.importorskip("mlflow")
     pytest.importorskip("tensorboard")
     from mlflow.tracking import MlflowClient
@@ -87,24 +87,15 @@ def test_run_logs_to_both_trackers_and_resume_continues_the_mlflow_run(tmp_path,
 
     from protofl.api import resume_experiment
     from protofl.cli import main
-    from protofl.engine import experiment
 
     store, out = tmp_path / "store", tmp_path / "run"
-    real_step = experiment.Experiment.step
-
-    def dying_step(self):
-        if self.round == 3:  # killed in round 4, after the round-2 checkpoint
-            raise KeyboardInterrupt
-        return real_step(self)
-
-    monkeypatch.setattr(experiment.Experiment, "step", dying_step)
     args = ["run", "-q", "--out", str(out), "--log", "tensorboard", "--log", "mlflow",
             "--log-dir", str(store), "--rounds", "4", "--set", "checkpoint_every=2",
             "--set", "data.num_clients=6", "--set", "clients.per_round=3",
             "--set", "clients.local_steps=2", "--set", "metrics.dissimilarity_clients=0",
             "--set", "metrics.train_loss_samples=0"]
-    assert main(args) == 130  # interrupted
-    monkeypatch.setattr(experiment.Experiment, "step", real_step)
+    with kill_after(3):  # killed in round 4, after the round-2 checkpoint
+        assert main(args) == 130  # interrupted
     state = json.loads((out / "tracking.json").read_text())
     assert state["logged_round"] == 3
     resume_experiment(out)
