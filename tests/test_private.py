@@ -289,6 +289,9 @@ def test_fedmargin_scored_by_clients_equals_scored_by_the_server():
     ("fedmargin", {"noise_multiplier": 1.0, "noise": "client"}, {}, "algo.scores: client"),
     ("fedtgp", {"secagg": True}, {}, "prototype generator"),
     ("fedavg", {"secagg": True}, {"clients": {"per_round": 1}}, "per_round >= 2"),
+    ("fedavg", {"secagg": True}, {"metrics": {"ffd_reference": "runs/c"}}, "only sums"),
+    ("fedavg", {"noise_multiplier": 1.0, "noise": "client"},
+     {"metrics": {"ffd_reference": "runs/c"}}, "only sums"),
 ])
 def test_privacy_settings_not_covered_are_one_line(algorithm, privacy, extra, needle):
     raw = cfg(algorithm, privacy).to_dict()

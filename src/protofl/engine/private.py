@@ -52,6 +52,10 @@ def check(cfg: Config, alg: Algorithm) -> None:
     if alg.centralized:
         raise ProtoflError(f"privacy: {alg.name} trains on the pooled data of every client; "
                            "client-level DP and secure aggregation do not apply to it")
+    if cfg.metrics.ffd_reference and (p.secagg or p.noise == "client"):
+        raise ProtoflError("metrics.ffd_reference compares each client's model with the "
+                           "reference, but under privacy.secagg or privacy.noise: client the "
+                           "server holds only sums; leave one of them out")
     reason = alg.sums_reason()
     if p.secagg and reason:
         raise ProtoflError(f"privacy.secagg: {alg.name} cannot run under secure aggregation: "
