@@ -44,6 +44,13 @@ def test_segmentation_algorithms_log_miou(algorithm):
     assert set(record["client_miou"]) == set(record["client_accuracy"])
 
 
+def test_exact_dissimilarity_runs_on_label_maps():
+    """metrics.dissimilarity_exact (every row of every client) on masks gives a figure (it
+    crashed: the per-pass row cap met max_per_client = None)."""
+    exp = tiny("fedavg", metrics={**TINY["metrics"], "dissimilarity_exact": True})
+    assert isinstance(exp.step()["dissimilarity"], float)
+
+
 def test_fedmargin_uploads_pixel_prototypes():
     """P_k[c] is the mean of the feature vectors at the locations whose nearest-downsampled
     label is c (void dropped), computed here by hand from the encoder's map."""

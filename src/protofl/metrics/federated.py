@@ -260,8 +260,7 @@ def gradient_dissimilarity(model: ProtoNet, params: Tensors, buffers: Tensors,
           if data.train_offsets[k + 1] > data.train_offsets[k]]
     if not ks or (max_per_client is not None and max_per_client <= 0):
         return None
-    max_per_client = tasks.rows_per_pass(data.y_train, max_per_client)  # label maps: fewer
-    chunk_rows = tasks.rows_per_pass(data.y_train, chunk_rows)
+    chunk_rows = tasks.rows_per_pass(data.y_train, chunk_rows)  # label maps: fewer at once
     model.eval()
     dev = devices.model_device(model)
     params, buffers = devices.to_device(params, dev), devices.to_device(buffers, dev)
