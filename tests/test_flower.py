@@ -272,6 +272,12 @@ def simulated(tmp_path_factory) -> dict:
     write_sites(root / "sites")
     cases = simulation_cases(root)
     done: dict = {"killed": kill_after_round_one(cases["resume"], root / "resumed")}
+    # a run stopped before its first checkpoint: config, one metrics line and the log only
+    stopped = root / "restarted"
+    stopped.mkdir()
+    (stopped / runfolder.CONFIG).write_text(json.dumps(cases["resume"].to_dict()))
+    (stopped / runfolder.METRICS).write_text('{"round": 1}\n')
+    (stopped / LOG_FILE).write_text("started\n")
     server = ServerApp()
 
     @server.main()
@@ -280,6 +286,7 @@ def simulated(tmp_path_factory) -> dict:
             wait = 10 if name == "site_refused" else 300  # its site 2 never joins
             done[name] = run_on_grid(cfg, grid, root / name, round_timeout=600, node_wait=wait)
         done["resumed"] = run_on_grid(cases["resume"], grid, root / "resumed", resume=True)
+        run_on_grid(cases["resume"], grid, stopped, resume=True)  # nothing to resume: afresh
         for name, kw in (("central", {"cfg": tiny("central"), "out": root / "central"}),
                          ("again", {"cfg": cases["resume"], "out": root / "resume"})):
             try:
@@ -397,6 +404,7 @@ def test_flower_site_mode_matches_the_engine_over_the_same_sites(simulated, case
                     torch.cat([p for _, p in preds.values()]).numpy(), 3)
     assert last["federated_accuracy"] == pytest.approx(pooled["accuracy"], abs=1e-9)
     assert last["local_accuracy"] == pytest.approx(ref.last["local_accuracy"], abs=1e-6)
+    assert last["clients_evaluated"] == 3  # the sites scored (the server holds no site)
     if case == "site_fedmargin":  # central: the server's own 12 test images
         assert sum(map(sum, last["confusion"])) == 12
         assert last["accuracy"] == pytest.approx(ref.last["accuracy"], abs=1e-9)
@@ -430,14 +438,18 @@ def test_flower_resumed_run_ends_as_an_uninterrupted_one(simulated):
     resumed, ref = simulated["resumed"], simulated["resume"]
     assert resumed.round == ref.round == 3
     a, b = flatten(resumed.state), flatten(ref.state)
+    assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
-    got = rows_of(simulated["root"] / "resumed")
     want = rows_of(simulated["root"] / "resume")
-    assert [r["round"] for r in got] == [1, 2, 3]
-    for r, w in zip(got, want):
-        assert {k: v for k, v in r.items() if k != "seconds"} == {
-            k: v for k, v in w.items() if k != "seconds"}
+    assert [r["round"] for r in want] == [1, 2, 3]
+    # resumed from round 1, and restarted afresh (resume=true, stopped before a checkpoint)
+    for folder in ("resumed", "restarted"):
+        got = rows_of(simulated["root"] / folder)
+        assert [r["round"] for r in got] == [1, 2, 3], folder
+        for r, w in zip(got, want):
+            assert {k: v for k, v in r.items() if k != "seconds"} == {
+                k: v for k, v in w.items() if k != "seconds"}, folder
     assert "resuming" in (simulated["root"] / "resumed" / LOG_FILE).read_text()
     assert "add resume=true" in simulated["refused_again"]
 

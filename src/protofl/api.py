@@ -82,9 +82,6 @@ def resume_experiment(out: str | Path, rounds: int | None = None, progress: bool
         cfg = config_from_dict(runfolder.load_config_json(out))
         snapshot = runfolder.load_checkpoint(out)
         if rounds is not None:
-            if rounds < snapshot["round"]:
-                raise ProtoflError(f"--rounds {rounds}: {out} has already run "
-                                   f"{snapshot['round']} rounds; give at least that many")
             cfg = dataclasses.replace(cfg, rounds=rounds)
         if device is not None:
             cfg = config_from_dict({**cfg.to_dict(), "device": device})

@@ -247,6 +247,9 @@ class Experiment:
         """Continue the run folder ``out`` from its checkpoint ``snap``: restored, its
         ``metrics.jsonl`` checked to hold every evaluated round up to it, and its
         ``config.json`` rewritten when the run was extended to more rounds."""
+        if self.cfg.rounds < snap["round"]:
+            raise ProtoflError(f"rounds = {self.cfg.rounds}: {out} has already run "
+                               f"{snap['round']} rounds; give at least that many")
         self.restore(snap)
         runfolder.check_history(out, self.round, self.cfg.eval_every, self.cfg.rounds)
         if runfolder.load_config_json(out).get("rounds") != self.cfg.rounds:

@@ -136,7 +136,8 @@ def lock(out: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _state(out: Path) -> str:
+def folder_state(out: Path) -> str:
+    """What a run folder holds: "finished", "resumable" (a checkpoint) or "no-checkpoint"."""
     if (out / SUMMARY).exists():
         return "finished"
     if (out / CHECKPOINT).exists() or (out / LEGACY_CHECKPOINT).exists():
@@ -160,7 +161,7 @@ def prepare(out: Path, overwrite: bool) -> None:
                                 "another --out",
                    "no-checkpoint": "it was stopped before its first checkpoint, so there is "
                                     "nothing to resume: use --overwrite to start it again, or "
-                                    "another --out"}[_state(out)]
+                                    "another --out"}[folder_state(out)]
             raise ProtoflError(f"run folder {out} already holds a run; {how}")
         if files:
             clear(out)

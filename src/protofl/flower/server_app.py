@@ -169,7 +169,7 @@ class FlowerTrainer(Callback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "sizes" in state:
-            self.restored_sizes = state["sizes"].numpy().astype(np.int64)
+            self.restored_sizes = state["sizes"].cpu().numpy().astype(np.int64)
 
     def _exchange(self, msgs: list[Message], timeout: float) -> list[Message]:
         """Push ``msgs``, pull replies until all came, their nodes left, or ``timeout``."""
@@ -273,6 +273,7 @@ class FlowerTrainer(Callback):
 
 
 FEDERATED = ("accuracy", "loss")  # site mode: logged as federated_accuracy, federated_loss
+PER_SITE = ("local_accuracy", "client_accuracy", "clients_evaluated")  # only sites know them
 
 
 class RemoteTestMetrics(TestMetrics):
@@ -300,6 +301,7 @@ class RemoteTestMetrics(TestMetrics):
             pooled.pop("loss")
         else:
             record.update({f"federated_{k}": pooled[k] for k in FEDERATED})
+            record.update({k: pooled[k] for k in PER_SITE})  # the server's data have no sites
         for k, v in pooled.items():  # a central evaluation's figures, where it made them, win
             record.setdefault(k, v)
 
@@ -333,7 +335,10 @@ def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout:
             raise ProtoflError(f"flower: run folder {out} already holds a run; add "
                                "resume=true to the run config to continue it from its last "
                                "checkpoint, or choose another out")
-        if held == {LOG_FILE}:  # only the log of a start that failed: start afresh
+        # only the log of a failed start, or (resume) a run stopped before its first
+        # checkpoint: nothing to continue, so start afresh
+        fresh = held == {LOG_FILE} or (resume and runfolder.folder_state(out) == "no-checkpoint")
+        if fresh:
             for cb in exp.callbacks:
                 if isinstance(cb, RunFolder):
                     cb.overwrite = True
@@ -342,7 +347,7 @@ def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout:
         engine_log.addHandler(handler)
         engine_log.setLevel(logging.INFO)
         try:
-            if resume and runfolder.CONFIG in held:
+            if resume and not fresh and runfolder.CONFIG in held:
                 restore(exp, out)
             summary = exp.run()
             log.info("protofl run finished: %s", {k: summary.get(k) for k in (
@@ -365,11 +370,7 @@ def restore(exp: Experiment, out: Path) -> None:
             raise ProtoflError(f"flower: cannot resume {out}: the run config gives {key} = "
                                f"{mine.get(key)!r}, the run was started with "
                                f"{stored.get(key)!r}; resume with the config it started with")
-    snapshot = runfolder.load_checkpoint(out)
-    if exp.cfg.rounds < snapshot["round"]:
-        raise ProtoflError(f"flower: cannot resume {out} with {exp.cfg.rounds} rounds: it has "
-                           f"already run {snapshot['round']}")
-    exp.resume(out, snapshot)
+    exp.resume(out, runfolder.load_checkpoint(out))
     log.info("resuming %s after round %d of %d", out, exp.round, exp.cfg.rounds)
 
 
