@@ -9,6 +9,7 @@ come from ``store.allocate`` (memory, or a memory-mapped cache past the budget).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -35,6 +36,16 @@ class Rows(Protocol):
 
 
 Source = torch.Tensor | np.ndarray | Rows
+
+
+@functools.lru_cache(maxsize=32)
+def _channel_stats(mean: tuple[float, ...], std: tuple[float, ...], trailing: int,
+                   dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and std shaped (C, 1, ..., 1), made once per dtype and device (a
+    step or an evaluation batch would otherwise copy them to the device every time)."""
+    shape = (len(mean),) + (1,) * trailing
+    return (torch.tensor(mean, dtype=dtype, device=device).reshape(shape),
+            torch.tensor(std, dtype=dtype, device=device).reshape(shape))
 
 
 @dataclass
@@ -114,10 +125,8 @@ class FederatedData:
         out = x.to(dtype).div_(self.scale)
         if self.mean is None:
             return out
-        lead = x.dim() - len(self.input_shape)  # rows may be gathered as (n, b, C, H, W)
-        shape = (1,) * lead + (len(self.mean),) + (1,) * (len(self.input_shape) - 1)
-        mean = torch.tensor(self.mean, dtype=dtype, device=x.device).reshape(shape)
-        std = torch.tensor(self.std, dtype=dtype, device=x.device).reshape(shape)
+        mean, std = _channel_stats(self.mean, self.std, len(self.input_shape) - 1, dtype,
+                                   x.device)  # (C, 1, 1): broadcast over any leading dims
         return out.sub_(mean).div_(std)
 
     def decoded(self) -> FederatedData:
