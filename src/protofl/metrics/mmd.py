@@ -129,6 +129,7 @@ def mean_client_mmd(model: torch.nn.Module, clients: Sequence[tuple[Tensors, Ten
     if not clients:
         raise ProtoflError("mmd: no client models to compare with the reference")
     ref_model, ref_params, ref_buffers = reference
+    probe_x = probe_x.to(devices.model_device(model))  # once, not once per client
     ref = feature_rows(model_features(ref_model, ref_params, ref_buffers, probe_x, batch),
                        max_rows)
     vals = [mmd2(feature_rows(model_features(model, p, b, probe_x, batch), max_rows), ref,

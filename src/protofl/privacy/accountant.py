@@ -104,7 +104,11 @@ class Accountant:
 
     def epsilon(self, rounds: int) -> float:
         """Epsilon at ``delta`` after ``rounds`` rounds (0 for none, inf without noise)."""
-        return self.epsilon_of([self.noise_multiplier] * max(rounds, 0))
+        if rounds <= 0:
+            return 0.0
+        if self.noise_multiplier <= 0:
+            return math.inf
+        return _epsilon(self, ((self.noise_multiplier, rounds),))  # no list of rounds
 
     def epsilon_of(self, multipliers: Sequence[float]) -> float:
         """Epsilon at ``delta`` after rounds whose noise multipliers were ``multipliers`` (with
@@ -145,7 +149,9 @@ def _round_rdp(acc: Accountant, multiplier: float) -> Any:
     return None if curve is None else curve.copy()
 
 
-PLD_INTERVAL = 1e-3  # PLD's loss discretisation: 10x faster than 1e-4, epsilon alike to 1e-6
+# PLD's loss discretisation: 10x faster than 1e-4; the coarser grid errs on the safe side
+# (sigma 1, q 0.01, 100 rounds: epsilon 0.71814 against 0.71804 at 1e-4)
+PLD_INTERVAL = 1e-3
 
 
 @functools.lru_cache(maxsize=1024)
