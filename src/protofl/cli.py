@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from protofl.config import TASKS
 from protofl.errors import ProtoflError
 
 if TYPE_CHECKING:
@@ -297,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("config", nargs="?", help="YAML/JSON config (default: built-in defaults)")
         q.add_argument("--algorithm", help="algorithm name (see 'protofl algorithms')")
         q.add_argument("--dataset", help="dataset name (see 'protofl datasets')")
-        q.add_argument("--task", choices=("classification", "segmentation"),
+        q.add_argument("--task", choices=TASKS,
                        help="the task; the dataset must be one of it (default dataset for "
                        "segmentation: shapes)")
         q.add_argument("--rounds", type=int)

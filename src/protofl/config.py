@@ -26,6 +26,10 @@ from protofl.errors import ProtoflError
 
 SEED_MAX = 2**32 - 1  # numpy and torch both take seeds in [0, 2^32)
 # the datasets whose files a site of a cross-silo federation may hold (data.name: site)
+TASKS = ("classification", "segmentation")
+AUGMENTATIONS = ("none", "crop_flip")  # the values of data.augment
+# the first seed's three Dirichlet splits of its segmentation benchmark, by name
+ALPHA_SETTINGS = {"a0.01": 0.01, "a0.1": 0.1, "a1": 1.0}
 SITE_FORMATS = ("imagefolder", "medmnist", "ham10000", "matek19", "mnist", "voc", "voc_macro",
                 "hf")
 FLOAT32_MAX = 3.4028234663852886e38  # optimizer steps take their settings as float32
@@ -150,7 +154,7 @@ class DataConfig:
         None, "augmentation of every client's training batches, seeded per (round, client): "
               "crop_flip (random resized crop + horizontal flip, masks with their images) or "
               "none; null: the dataset's (segmentation sets: crop_flip)",
-        choices=("none", "crop_flip"))
+        choices=AUGMENTATIONS)
     # data.name hf (Hugging Face datasets through flwr-datasets; docs/datasets.md)
     hf_dataset: str | None = option(None, "hf: a Hub dataset id, a save_to_disk folder or a "
                                           "folder of data files (null: data.root)")
@@ -286,7 +290,7 @@ class Config:
     algorithm: str = option("fedmargin", "algorithm (see `protofl algorithms`)")
     task: str | None = option(None, "classification or segmentation; null: the dataset's "
                                     "(a dataset of the other task is an error)",
-                              choices=("classification", "segmentation"))
+                              choices=TASKS)
     seed: int = option(0, "model initialisation, client sampling, stragglers, batch order",
                        ge=0, le=SEED_MAX)
     rounds: int = option(50, "communication rounds", ge=1)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from protofl.config import merge
+from protofl.config import ALPHA_SETTINGS, merge
 
 SYNTHETIC = {
     "data": {"name": "synthetic", "synthetic_alpha": 1.0, "synthetic_beta": 1.0},
@@ -68,7 +68,6 @@ SHAPES_SEG = {
                 "lr": 0.003, "sampling": "weighted"},
     "metrics": {"dissimilarity_clients": 0, "train_loss_samples": 200},
 }
-SEG_ALPHAS = {"a0.01": 0.01, "a0.1": 0.1, "a1": 1.0}  # data.segmentation.ALPHA_SETTINGS
 
 
 @dataclass
@@ -175,7 +174,7 @@ SUITES: dict[str, Suite] = {
         "segmentation set, Dirichlet alpha = 0.01, 0.1 and 1, 3 seeds: mIoU table, curves, "
         "qualitative and partition figures",
         {f"shapes-{name}": merge(SHAPES_SEG, {"data": {"alpha": a}})
-         for name, a in SEG_ALPHAS.items()},
+         for name, a in ALPHA_SETTINGS.items()},
         {"fedavg": {"algorithm": "fedavg"}, "fedmargin": {"algorithm": "fedmargin"},
          "central": {"algorithm": "central"}},
         # the pooled data do not depend on alpha: the reference is trained once per seed

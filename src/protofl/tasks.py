@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 VOID = 255  # segmentation label of void/boundary pixels (never a class)
-TASKS = ("classification", "segmentation")
 DENSE_PIXELS = 1 << 19  # label pixels per forward pass when metrics batch dense predictions
 
 

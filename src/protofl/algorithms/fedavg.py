@@ -8,8 +8,7 @@ from typing import TypedDict
 import torch
 
 from protofl.algorithms.base import Algorithm, Tensors
-from protofl.config import option
-from protofl.tasks import TASKS
+from protofl.config import TASKS, option
 
 
 class FedAvg(Algorithm):

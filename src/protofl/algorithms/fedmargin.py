@@ -33,8 +33,7 @@ from protofl.algorithms.base import (
     class_prototypes,
     sample_weights,
 )
-from protofl.config import option
-from protofl.tasks import TASKS
+from protofl.config import TASKS, option
 
 
 @dataclass

@@ -20,13 +20,12 @@ import numpy as np
 import torch
 
 from protofl.data.federated import FederatedData, from_partition
-from protofl.data.images import from_pil
+from protofl.data.images import GREY_MODES, from_pil
 from protofl.data.partition import capped, config_partition
 from protofl.errors import ProtoflError
 
 HF_CLIENTS = 10
 ROW = "__protofl_row"
-GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,12 @@ import torch
 
 from protofl.config import DataConfig
 from protofl.data.federated import FederatedData
-from protofl.data.images import ImageRows
+from protofl.data.images import GREY_MODES, ImageRows
 from protofl.data.medical import TEST_FRACTION, dirichlet_federation, stratified_split
 from protofl.data.partition import capped
 from protofl.errors import ProtoflError
 
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
-GREY = ("1", "L", "LA", "I", "I;16", "F")
 
 
 def _subfolders(root: Path) -> list[Path]:
@@ -63,7 +62,7 @@ def image_mode(paths: list[Path], cfg: DataConfig) -> str:
 
     try:
         with Image.open(paths[0]) as im:
-            return "L" if im.mode in GREY else "RGB"
+            return "L" if im.mode in GREY_MODES else "RGB"
     except Exception as e:  # Pillow raises many types on damaged files
         raise ProtoflError(f"image file {paths[0]} cannot be read ({type(e).__name__})") from None
 

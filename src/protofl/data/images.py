@@ -32,6 +32,7 @@ PIXEL_MAX = 255.0  # FederatedData.scale of 8-bit images
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 MODES = {"RGB": 3, "L": 1}
+GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")  # Pillow modes decoded as "L"
 
 
 def read_image(path: str | Path, size: int | tuple[int, int] | None = None,

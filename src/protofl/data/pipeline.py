@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from protofl.config import AUGMENTATIONS
 from protofl.errors import ProtoflError
 
 Order = Callable[[torch.Tensor, torch.Generator], torch.Tensor]  # (y, gen) -> indices
@@ -45,7 +46,6 @@ class ClientPipeline:
     transform: Transform | None = None
 
 
-AUGMENTATIONS = ("none", "crop_flip")  # the values of data.augment
 
 
 def augmentation(name: str) -> Transform | None:

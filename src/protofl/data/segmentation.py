@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from protofl.config import ALPHA_SETTINGS
 from protofl.data.federated import FederatedData, from_partition
 from protofl.data.images import IMAGENET_MEAN, IMAGENET_STD, PIXEL_MAX
 from protofl.data.partition import capped, config_partition
@@ -42,7 +43,6 @@ from protofl.tasks import VOID
 
 SEG_CLASSES = ("background", *VOC_CLASSES)  # mask values 0..20
 SEG_MACRO_CLASSES = ("background", *MACRO_CLASSES)
-ALPHA_SETTINGS = {"a0.01": 0.01, "a0.1": 0.1, "a1": 1.0}  # the seed's three splits
 AUG_TRAIN_LISTS = ("train_aug.txt", "trainaug.txt")
 
 
