@@ -240,26 +240,18 @@ def cmd_tsne(args) -> int:
 
 def cmd_segfigure(args) -> int:
     from protofl.report import outputs
+    from protofl.report.compare import load_summary
     from protofl.report.segmentation import runs_figure
 
     folders = _run_folders(args.dirs)
     labels: dict[str, Path] = {}
     for f in folders:
-        alg = _summary_algorithm(f)
+        alg = str(load_summary(f)["algorithm"])
         labels[alg if alg not in labels else f"{alg} ({f})"] = f
     out = Path(args.out)
     outputs.check_targets([out], folders, args.overwrite)
     print(runs_figure(labels, out, args.images, args.title or ""))
     return 0
-
-
-def _summary_algorithm(folder: Path) -> str:
-    import json
-
-    try:
-        return str(json.loads((folder / "summary.json").read_text())["algorithm"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise ProtoflError(f"{folder / 'summary.json'} is not a protofl run summary") from None
 
 
 def _options_epilog() -> str:

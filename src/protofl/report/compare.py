@@ -24,21 +24,22 @@ CENTRAL = "central"  # the centralized baseline (and usual FFD reference model)
 
 def load_runs(folders: list[Path]) -> list[dict]:
     """Each finished run folder as ``{folder, summary, config, rows}`` (each counted once)."""
-    runs = []
-    for f in outputs.unique_runs(folders):
-        path = f / runfolder.SUMMARY
-        if not path.exists():
-            raise ProtoflError(f"{f} has no {runfolder.SUMMARY}: not a finished run folder")
-        try:
-            summary = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ProtoflError(f"{path} is not valid JSON") from None
-        if not isinstance(summary, dict) or not {"algorithm", "dataset"} <= summary.keys():
-            raise ProtoflError(f"{path} is not a protofl run summary (no algorithm/dataset)")
-        cfg = runfolder.load_config_json(f)
-        runs.append({"folder": f, "summary": summary, "config": cfg,
-                     "rows": runfolder.read_metrics(f)})
-    return runs
+    return [{"folder": f, "summary": load_summary(f), "config": runfolder.load_config_json(f),
+             "rows": runfolder.read_metrics(f)} for f in outputs.unique_runs(folders)]
+
+
+def load_summary(folder: Path) -> dict:
+    """A finished run folder's ``summary.json`` (checked to name its algorithm and dataset)."""
+    path = folder / runfolder.SUMMARY
+    if not path.exists():
+        raise ProtoflError(f"{folder} has no {runfolder.SUMMARY}: not a finished run folder")
+    try:
+        summary = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ProtoflError(f"{path} is not valid JSON") from None
+    if not isinstance(summary, dict) or not {"algorithm", "dataset"} <= summary.keys():
+        raise ProtoflError(f"{path} is not a protofl run summary (no algorithm/dataset)")
+    return summary
 
 
 def dataset_label(run: dict) -> str:
