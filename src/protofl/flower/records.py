@@ -38,13 +38,9 @@ def _skeleton(tree: Tensors, leaves: list[torch.Tensor], where: str) -> dict[str
 
 def tree_to_records(tree: Tensors, name: str, into: RecordDict) -> RecordDict:
     """Store ``tree`` in ``into`` as ``name`` (ArrayRecord) and ``name + '.tree'``."""
-    leaves: list[torch.Tensor] = []
-    skeleton = _skeleton(tree, leaves, "")
-    arrays = ArrayRecord()
-    for i, t in enumerate(leaves):
-        arrays[str(i)] = Array(np.ascontiguousarray(t.detach().cpu().numpy()))
-    into[name] = arrays
-    into[f"{name}.{TREE_KEY}"] = ConfigRecord({"json": json.dumps(skeleton)})
+    leaves, skeleton = tree_to_arrays(tree)
+    into[name] = ArrayRecord({str(i): Array(a) for i, a in enumerate(leaves)})
+    into[f"{name}.{TREE_KEY}"] = ConfigRecord({"json": skeleton})
     return into
 
 
