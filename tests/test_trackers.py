@@ -41,6 +41,7 @@ def test_mlflow_local_store(tmp_path):
 
     run = make_run(tmp_path / "run", "fedmargin", rounds=3)
     (run / "checkpoint.pt").write_bytes(b"not logged")
+    (run / "checkpoint.safetensors").write_bytes(b"not logged either")
     store = tmp_path / "mlruns"
     tracker = MLflowTracker(store, run_name="fedmargin-seed0")
     tracker.start(json.loads((run / "config.json").read_text()), run)
@@ -58,7 +59,7 @@ def test_mlflow_local_store(tmp_path):
         sorted(r["accuracy"] for r in _records(run)))
     names = {a.path for a in client.list_artifacts(tracker.run_id)}
     assert {"config.json", "metrics.jsonl", "summary.json"} <= names
-    assert "checkpoint.pt" not in names
+    assert "checkpoint.pt" not in names and "checkpoint.safetensors" not in names
     assert (store / "artifacts").is_dir()  # everything stays in the local folder
 
 
@@ -114,6 +115,7 @@ def test_run_logs_to_both_trackers_and_resume_continues_the_mlflow_run(tmp_path,
         [r["accuracy"] for r in _records(out)])
     names = {a.path for a in client.list_artifacts(got.info.run_id)}
     assert {"config.json", "metrics.jsonl", "summary.json", "curves.png", "stats.json"} <= names
+    assert "checkpoint.safetensors" not in names and ".protofl.lock" not in names
 
     acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
     acc.Reload()

@@ -34,7 +34,6 @@ from protofl.engine.callbacks import Callback
 from protofl.errors import ProtoflError
 
 TRACKERS = ("tensorboard", "mlflow")
-PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
 STATE = "tracking.json"  # in the run folder: the MLflow run, the last round logged
 
 
@@ -102,7 +101,8 @@ class TensorBoardTracker:
 class MLflowTracker:
     """An MLflow run: params, metrics per round (step = round) and the run folder's files."""
 
-    SKIP = (".pt", ".tmp")  # checkpoints are large and resumable only by protofl
+    # checkpoints are large and resumable only by protofl; the lock and half-written files
+    SKIP = (runfolder.CHECKPOINT, runfolder.LEGACY_CHECKPOINT, runfolder.LOCK, ".tmp")
 
     def __init__(self, target: str | Path, experiment: str = "protofl",
                  run_name: str | None = None, run_id: str | None = None):
@@ -164,23 +164,25 @@ class MLflowTracker:
         self.client.set_terminated(self.run_id, status)
 
 
-def make_tracker(name: str, target: Any = None) -> Tracker:
+def make_tracker(name: str, target: Any = None, run_name: str | None = None,
+                 run_id: str | None = None) -> Tracker:
     """``tensorboard`` (target: log dir, default in the run folder) or ``mlflow`` (target:
-    a directory or tracking URI, default ``mlruns``)."""
+    a directory or tracking URI, default ``mlruns``; ``run_id`` continues that run)."""
     if name == "tensorboard":
         return TensorBoardTracker(target)
     if name == "mlflow":
-        return MLflowTracker(target if target is not None else "mlruns")
+        return MLflowTracker(target or "mlruns", run_name=run_name, run_id=run_id)
     raise ProtoflError(f"--log {name!r} unknown; allowed: {', '.join(TRACKERS)}")
 
 
 def require(names: list[str]) -> None:
-    """Refuse, before anything is written, trackers whose package is not installed."""
+    """Refuse, before anything is written, trackers whose package is not installed (each
+    tracker's package has its name)."""
     for name in names:
-        if name not in PACKAGES:
+        if name not in TRACKERS:
             raise ProtoflError(f"tracking: {name!r} unknown; allowed: {', '.join(TRACKERS)}")
-        if importlib.util.find_spec(PACKAGES[name]) is None:
-            raise _missing(PACKAGES[name], name)
+        if importlib.util.find_spec(name) is None:
+            raise _missing(name, name)
 
 
 class Tracking(Callback):
@@ -207,11 +209,10 @@ class Tracking(Callback):
         for name in names:
             if name == "mlflow":
                 old = prev.get("mlflow", {})
-                tracker: Any = MLflowTracker(old.get("uri") or exp.cfg.tracking_dir or "mlruns",
-                                             run_name="/".join(self.out.parts[-3:]),
-                                             run_id=old.get("run_id"))
+                tracker: Any = make_tracker(name, old.get("uri") or exp.cfg.tracking_dir,
+                                            "/".join(self.out.parts[-3:]), old.get("run_id"))
             else:
-                tracker = TensorBoardTracker()
+                tracker = make_tracker(name)
                 if not exp.round:
                     for stale in (self.out / "tensorboard").glob("events.out.tfevents.*"):
                         stale.unlink()
