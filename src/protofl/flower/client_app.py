@@ -89,7 +89,7 @@ def train_job(job, context: Context, broadcast) -> tuple[Experiment, ClientResul
     the node's own partition, with the run's upload hook (client-side DP noise, secure-sum
     contribution); returns the experiment, the result and the key of the client's state in
     the node's context (the caller keeps the state once it accepts the result)."""
-    from protofl.flower import secure  # privacy.*: client-side DP noise, SecAgg+
+    from protofl.flower import secure_client  # privacy.*: client-side DP noise, SecAgg+
 
     pid, n = partition_of(context)
     b = node_experiment(str(job["config"]), context)
@@ -101,17 +101,17 @@ def train_job(job, context: Context, broadcast) -> tuple[Experiment, ClientResul
     state = tree_from_records(context.state, key) if key in context.state else {}
     work = Job(client, int(job["units"]), bool(job["straggler"]))
     rc = RoundContext(b.alg, broadcast, [work], b.data, {client: state}, b.setup,
-                      int(job["round"]), secure.upload_hook(b, context))
+                      int(job["round"]), secure_client.upload_hook(b, context))
     return b, train_client(rc, work), key
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """One round of local training on this node's partition."""
-    from protofl.flower import secure  # SecAgg+ stages
+    from protofl.flower import secure_client  # SecAgg+ stages
 
-    if secure.is_secure(msg):
-        return secure.secure_train(msg, context)
+    if secure_client.is_secure(msg):
+        return secure_client.secure_train(msg, context)
     b, result, key = train_job(msg.content.config_records["job"], context,
                                tree_from_records(msg.content, "broadcast"))
     if result.state:
