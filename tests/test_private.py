@@ -224,7 +224,7 @@ def test_budget_stops_the_run_and_resume_keeps_it(tmp_path, caplog):
     assert warn["rounds"] == 4 and warn["epsilon"] > budget and "stopped" not in warn
 
 
-def test_client_side_noise_runs_in_the_trainers_and_matches_its_accounting():
+def test_client_side_noise_runs_in_the_trainers_and_matches_its_accounting(monkeypatch):
     runs = {}
     for trainer in ("sequential", "vectorized", "parallel"):  # parallel: the hook in the parent
         exp = Experiment(cfg("fedmargin", {"noise_multiplier": SIGMA, "noise": "client"},
@@ -236,6 +236,13 @@ def test_client_side_noise_runs_in_the_trainers_and_matches_its_accounting():
         b = flatten(runs[other].state)
         for k in a:
             torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+    with monkeypatch.context() as m:  # the same run with the clients' noise left out
+        m.setattr(SumForm, "noised", lambda self, tree, gen, shares=1: tree)
+        quiet = Experiment(cfg("fedmargin", {"noise_multiplier": SIGMA, "noise": "client"},
+                               {"scores": "client"}, trainer="sequential"))
+        quiet.run()
+    q = flatten(quiet.state)
+    assert any(not torch.equal(a[k], q[k]) for k in a)  # the trainers did add the noise
     exp = runs["sequential"]
     sigma = effective_multiplier([SIGMA] * 4)  # update, attention sum, prototypes, fractions
     assert exp.private.epsilon() == pytest.approx(Accountant(sigma, 6, 3, 1e-5).epsilon(3))
