@@ -189,19 +189,16 @@ class FedMargin(Algorithm):
         return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
     def aggregation_weights(self, uploads, state):
-        fedavg = sample_weights(uploads)
-        diag = {"fedavg_weights": fedavg.tolist()}
+        """``client_weight`` normalised over the round's clients; the margins the server
+        scores are logged (and, for attention weights, used: scored once)."""
+        diag = {"fedavg_weights": sample_weights(uploads).tolist()}
         if not self.client_scores:
             lpm, apm = self.margins(uploads, state["protos"], self.reference_classes(state))
             diag.update(lpm=lpm.tolist(), apm=apm.tolist())
-        if self.opts.weights == "fedavg":
-            return fedavg, diag
-        if self.opts.weights == "fair":
-            return torch.full_like(fedavg, 1.0 / len(fedavg)), diag
-        if self.client_scores:
-            raw = torch.stack([u["attention"].to(torch.float64) for u in uploads])
-            return raw / raw.sum(), diag
-        return attention(lpm, apm, self.opts), diag
+        if not self.client_scores and self.opts.weights == "attention":
+            return attention(lpm, apm, self.opts), diag
+        raw = torch.stack([self.client_weight(u, state) for u in uploads])
+        return raw / raw.sum(), diag
 
     def client_weight(self, upload, state):
         if self.opts.weights == "fedavg":
@@ -219,11 +216,17 @@ class FedMargin(Algorithm):
 
     def aggregate(self, state, uploads, round):
         new, diag = super().aggregate(state, uploads, round)
-        counts = torch.stack([u["counts"] for u in uploads])
-        new["protos"] = prototype_math.aggregate_prototypes(
-            torch.stack([u["protos"] for u in uploads]), counts, state["protos"])
+        return self.with_prototypes(new, state, torch.stack([u["protos"] for u in uploads]),
+                                    torch.stack([u["counts"] for u in uploads])), diag
+
+    @staticmethod
+    def with_prototypes(new: Tensors, state: Tensors, protos: torch.Tensor,
+                        counts: torch.Tensor) -> Tensors:
+        """``new`` with P^t aggregated from ``protos (K, C, d)`` weighed by ``counts (K, C)``
+        (a class no one holds keeps its prototype) and the classes reported so far."""
+        new["protos"] = prototype_math.aggregate_prototypes(protos, counts, state["protos"])
         new["reported"] = (reported(state) | (counts > 0).any(dim=0)).to(new["protos"].dtype)
-        return new, diag
+        return new
 
     def sums_reason(self):
         if not self.client_scores:
@@ -236,10 +239,8 @@ class FedMargin(Algorithm):
         weights are already in the estimate)."""
         new = dict(state)
         new["params"], new["buffers"] = mean["params"], mean.get("buffers", {})
-        new["protos"] = prototype_math.aggregate_prototypes(
-            mean["protos"].unsqueeze(0), mean["counts"].unsqueeze(0), state["protos"])
-        new["reported"] = (reported(state) | (mean["counts"] > 0)).to(new["protos"].dtype)
-        return new, {}
+        return self.with_prototypes(new, state, mean["protos"].unsqueeze(0),
+                                    mean["counts"].unsqueeze(0)), {}
 
     def upload_spec(self):
         spec = super().upload_spec()
