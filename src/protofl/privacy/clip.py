@@ -36,6 +36,14 @@ def clip(tensors: Mapping[str, Tensor], bound: float) -> tuple[dict[str, Tensor]
     return {k: t * scale for k, t in tensors.items()}, norm
 
 
+def class_fractions(counts: Tensor) -> Tensor:
+    """``n / sum n`` over every entry of ``counts`` (zeros when the client holds no sample):
+    the bounded form of a client's counts (non-negative, sum 1, L2 norm <= 1)."""
+    counts = counts.clamp_min(0)
+    total = counts.sum()
+    return counts / total if total > 0 else torch.zeros_like(counts)
+
+
 def clip_prototypes(protos: Tensor, counts: Tensor, bound: float) -> tuple[Tensor, Tensor]:
     """(fraction-weighted clipped prototypes s, class fractions f) with ||s||_F <= bound and
     ||f||_2 <= 1; ``protos`` is (..., d), ``counts`` (...) non-negative (classes the client does
@@ -45,9 +53,7 @@ def clip_prototypes(protos: Tensor, counts: Tensor, bound: float) -> tuple[Tenso
     if protos.shape[:-1] != counts.shape:
         raise ValueError(f"prototypes {tuple(protos.shape)} do not match counts "
                          f"{tuple(counts.shape)}")
-    counts = counts.to(protos.dtype).clamp_min(0)
-    total = counts.sum()
-    frac = counts / total if total > 0 else torch.zeros_like(counts)
+    frac = class_fractions(counts.to(protos.dtype))
     norms = protos.norm(dim=-1, keepdim=True)
     scale = torch.where(norms > bound, bound / norms.clamp_min(1e-30), torch.ones_like(norms))
     return frac.unsqueeze(-1) * (protos * scale), frac

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from protofl.algorithms.base import Algorithm, Tensors, UploadEntry
 from protofl.nested import flatten, unflatten
-from protofl.privacy.clip import clip, clip_prototypes, l2_norm
+from protofl.privacy.clip import class_fractions, clip, clip_prototypes, l2_norm
 from protofl.privacy.noise import client_noise_std, distributed_multiplier, effective_multiplier
 
 F64 = torch.float64
@@ -86,8 +86,9 @@ class SumForm:
             F64 if spec[k].kind in ("size", "weight") else torch.get_default_dtype())
             for k in spec}
         bound = alg.client_weight_bound()
-        self.uniform = settings.private and bound is None  # DP: w_k = 1, denominator K'
-        self.weight_bound = 1.0 if bound is None else float(bound)
+        self.bounded = bound is not None
+        self.uniform = settings.private and not self.bounded  # DP: w_k = 1, denominator K'
+        self.weight_bound = float(bound) if self.bounded else 1.0
 
     # ---- what a client sends ----
     def weight(self, upload: Tensors, state: Tensors | None) -> Tensor:
@@ -98,7 +99,7 @@ class SumForm:
         w = self.alg.client_weight(upload, state).to(F64)
         if self.settings.private:
             return w.clamp(0.0, self.weight_bound)
-        return w / self.settings.scale if self.alg.client_weight_bound() is None else w
+        return w if self.bounded else w / self.settings.scale
 
     def contribution(self, upload: Tensors, broadcast: Tensors, state: Tensors | None = None,
                      gen: torch.Generator | None = None) -> tuple[Tensors, float]:
@@ -134,10 +135,9 @@ class SumForm:
         """What counts entry ``key`` contributes: the fractions n / sum n under DP (L2 norm
         <= 1, as in ``clip_prototypes``), else n (1[n > 0] for presence) divided by
         ``scale``."""
-        n = counts.to(F64).clamp_min(0)
         if self.settings.private:
-            total = n.sum()
-            return n / total if total > 0 else torch.zeros_like(n)
+            return class_fractions(counts.to(F64))
+        n = counts.to(F64).clamp_min(0)
         if self.upload_spec[key].kind == "presence":
             n = (n > 0).to(F64)
         return n / self.settings.scale
