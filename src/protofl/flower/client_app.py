@@ -136,7 +136,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     own = tree_from_records(context.state, key) if key in context.state else {}
     x, y = b.data.client_test(pid)
     got = score_split(b.alg, b.alg.model, b.alg.eval_weights(server_state, own), server_state,
-                      b.data.inputs(x), y, b.data.num_classes, b.cfg.metrics.eval_batch)
+                      x, y, b.data.num_classes, b.cfg.metrics.eval_batch, b.data.inputs)
     out = {"confusion": torch.from_numpy(got.confusion),
            "loss_sum": torch.tensor(got.loss_sum, dtype=torch.float64)}
     return Message(tree_to_records(out, "eval", RecordDict()), reply_to=msg)

@@ -42,15 +42,18 @@ PROBE_GROUP_BYTES = 256 << 20  # at most this many bytes of per-client gradients
 
 
 def predictor(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors,
-              state: Tensors) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``alg.predict`` with these weights as a function of host model inputs, computed on the
-    model's device (eval mode; scores at least float32, on that device)."""
+              state: Tensors, inputs: Inputs | None = None
+              ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``alg.predict`` with these weights as a function of host rows, computed on the
+    model's device (eval mode; scores at least float32, on that device); ``inputs`` turns
+    the uploaded rows into model inputs there (stored uint8 rows travel as they are)."""
     model.eval()
     dev = devices.model_device(model)
     params, buffers, state = (devices.to_device(v, dev) for v in (params, buffers, state))
+    prep = inputs or (lambda v: v)
 
     def predict(x: torch.Tensor) -> torch.Tensor:
-        out = alg.predict(model, params, buffers, state, devices.upload(x, dev))
+        out = alg.predict(model, params, buffers, state, prep(devices.upload(x, dev)))
         return out if out.dtype in (torch.float32, torch.float64) else out.float()
     return predict
 
@@ -61,9 +64,8 @@ def scores(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors, s
     """Class scores of rows ``x``, ``batch`` rows a pass, computed on the model's device (at
     least float32); ``inputs`` turns each batch of stored rows into model inputs (default: the
     rows are inputs already)."""
-    predict = predictor(alg, model, params, buffers, state)
-    prep = inputs or (lambda v: v)
-    return torch.cat([predict(prep(x[i:i + batch])) for i in range(0, max(len(x), 1), batch)])
+    predict = predictor(alg, model, params, buffers, state, inputs)
+    return torch.cat([predict(x[i:i + batch]) for i in range(0, max(len(x), 1), batch)])
 
 
 def evaluate(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors,
@@ -75,8 +77,8 @@ def evaluate(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors,
     if len(y) == 0:
         return {}
     if tasks.dense(y):
-        return seg.evaluate(predictor(alg, model, params, buffers, state), x, y, num_classes,
-                            batch, inputs, class_names)
+        return seg.evaluate(predictor(alg, model, params, buffers, state, inputs), x, y,
+                            num_classes, batch, class_names=class_names)
     s = scores(alg, model, params, buffers, state, x, batch, inputs)
     out = report(y.numpy(), s.argmax(1).cpu().numpy(), num_classes)
     out["loss"] = float(F.cross_entropy(s, y.to(s.device)))
@@ -126,9 +128,8 @@ def labels(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors,
            ) -> torch.Tensor:
     """Predicted labels (argmax of the class scores) of rows ``x``, on the CPU, ``batch`` rows
     a pass (for label maps only a pass's scores are ever held)."""
-    predict = predictor(alg, model, params, buffers, state)  # weights moved once
-    prep = inputs or (lambda v: v)
-    return torch.cat([predict(prep(x[i:i + batch])).argmax(1).cpu()
+    predict = predictor(alg, model, params, buffers, state, inputs)  # weights moved once
+    return torch.cat([predict(x[i:i + batch]).argmax(1).cpu()
                       for i in range(0, max(len(x), 1), batch)])
 
 
@@ -164,8 +165,8 @@ def train_loss(alg: Algorithm, model: ProtoNet, state: Tensors, data: FederatedD
         np.sort(np.random.default_rng(seed).choice(n, max_samples, replace=False)))
     weights = alg.global_weights(state)
     if tasks.dense(data.y_train):
-        return seg.mean_loss(predictor(alg, model, weights["params"], weights["buffers"], state),
-                             data.x_train[idx], data.y_train[idx], batch, data.inputs)
+        return seg.mean_loss(predictor(alg, model, weights["params"], weights["buffers"], state,
+                                       data.inputs), data.x_train[idx], data.y_train[idx], batch)
     s = scores(alg, model, weights["params"], weights["buffers"], state, data.x_train[idx], batch,
                data.inputs)
     return float(F.cross_entropy(s, data.y_train[idx].to(s.device)))

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from protofl.algorithms.base import Algorithm, Tensors, Weights
 from protofl.metrics.classification import confusion, confusion_report
-from protofl.metrics.federated import scores
+from protofl.metrics.federated import EVAL_BATCH, Inputs, scores
 from protofl.models.nets import ProtoNet
 
 
@@ -30,13 +30,14 @@ class SiteScore:
 
 
 def score_split(alg: Algorithm, model: ProtoNet, weights: Weights | None, state: Tensors,
-                x: torch.Tensor, y: torch.Tensor, num_classes: int, batch: int = 2048
-                ) -> SiteScore:
-    """The site's score of ``weights`` on ``(x, y)``; an empty one without weights (a
-    personalised client that has not trained yet) or samples."""
+                x: torch.Tensor, y: torch.Tensor, num_classes: int, batch: int = EVAL_BATCH,
+                inputs: Inputs | None = None) -> SiteScore:
+    """The site's score of ``weights`` on rows ``(x, y)`` (``inputs`` makes model inputs of
+    stored rows, batch by batch); an empty one without weights (a personalised client that
+    has not trained yet) or samples."""
     if weights is None or len(y) == 0:
         return SiteScore(np.zeros((num_classes, num_classes), dtype=np.int64), 0.0)
-    s = scores(alg, model, weights["params"], weights["buffers"], state, x, batch)
+    s = scores(alg, model, weights["params"], weights["buffers"], state, x, batch, inputs)
     return SiteScore(confusion(y.numpy(), s.argmax(1).cpu().numpy(), num_classes),
                      float(F.cross_entropy(s, y.to(s.device), reduction="sum")))
 
