@@ -175,7 +175,8 @@ def figure_images(data: FederatedData, n: int = FIGURE_IMAGES) -> np.ndarray:
         firsts = [int(np.flatnonzero(labels == c)[0]) for c in np.unique(labels)]
     else:
         firsts = []
-    rest = [i for i in range(len(data.y_test)) if i not in set(firsts)]
+    chosen = set(firsts)
+    rest = [i for i in range(len(data.y_test)) if i not in chosen]
     return np.asarray((firsts + rest)[:n], dtype=np.int64)
 
 
