@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -138,7 +137,7 @@ def fetch_hint(dataset: str) -> str:
 
 def load_dataset(cfg: DataConfig, lean: bool = False) -> FederatedData:
     """Build the federation a data config names (validated, one clear error if not); a null
-    ``partition`` is the dataset's default scheme.
+    ``partition`` is the loader's default scheme (``engine.spec.resolve_data`` names it).
 
     ``lean``: keep the rows in their source dtype (uint8 pixels; callers turn gathered rows
     into model inputs with ``data.inputs``), and a dataset from files whose rows exceed the
@@ -146,7 +145,6 @@ def load_dataset(cfg: DataConfig, lean: bool = False) -> FederatedData:
     (``data/store.py``). Without it every split is float32 model inputs in memory.
     """
     spec = dataset_spec(cfg.name)
-    cfg = dataclasses.replace(cfg, partition=cfg.partition or spec.partition)
     if spec.needs_files and not cfg.root and cfg.name != "hf":  # hf says what it needs
         raise ProtoflError(f"dataset {cfg.name!r} needs its files: set data.root to their "
                            f"folder{fetch_hint(cfg.name)}")
