@@ -29,7 +29,7 @@ LAYERS = [
     {"metrics"},
     {"engine"},
     {"report"},
-    {"api", "cli", "suites", "flower", "__init__"},
+    {"api", "cli", "suites", "flower", "doctables", "__init__"},
 ]
 
 
@@ -157,11 +157,20 @@ def test_algorithm_client_defaults_are_declared_values():
         assert all(getattr(resolved, k) == v for k, v in defaults.items())
 
 
-def test_docs_configuration_table_is_generated_from_the_declarations():
+def test_docs_tables_are_generated_from_the_declarations(tmp_path):
+    """docs/configuration.md's options and docs/algorithms.md's table are what `protofl docs`
+    writes; a declaration changed without regenerating them fails here."""
+    from protofl.doctables import write_docs
+
+    assert write_docs(DOCS, check=True) == [], "run `protofl docs`"
     text = (DOCS / "configuration.md").read_text()
-    assert markdown_table() in text, "run `protofl options` and paste its output"
+    assert markdown_table() in text
     for name in ALGORITHMS:
         assert markdown_table(algorithm_class(name).Options, "algo.") in text, name
+    for file in ("configuration.md", "algorithms.md"):  # the check has teeth
+        (tmp_path / file).write_text((DOCS / file).read_text().replace("| `", "| `x", 1))
+    assert sorted(write_docs(tmp_path, check=True)) == sorted(
+        str(tmp_path / f) for f in ("configuration.md", "algorithms.md"))
 
 
 def test_run_help_lists_every_option(capsys):

@@ -150,6 +150,9 @@ class DataConfig:
                                           "own)", ge=1)
     max_samples: int | None = option(None, "cap the sample pool (quick runs on large sets)",
                                      ge=1)
+    pooled: bool = option(False, "pool every client's training data into one client taking a "
+                                 "federated round's expected SGD steps each round (the "
+                                 "centralized baseline; `central` sets it)")
     augment: str | None = option(
         None, "augmentation of every client's training batches, seeded per (round, client): "
               "crop_flip (random resized crop + horizontal flip, masks with their images) or "

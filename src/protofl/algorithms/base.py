@@ -187,7 +187,7 @@ class Algorithm:
     client_defaults: ClassVar[dict[str, Any]] = {}
     client_defaults_source: ClassVar[str] = ""
     personalized: ClassVar[bool] = False  # each client keeps and is evaluated with its own model
-    centralized: ClassVar[bool] = False  # trained on the pooled data (the central baseline)
+    data_defaults: ClassVar[dict[str, Any]] = {}  # `data.*` settings it implies (central: pooled)
     # the tasks (protofl.config.TASKS) its loss and uploads are written for; the engine
     # refuses the others. Per-sample feature terms (contrastive, prototype heads) make an
     # algorithm classification-only.

@@ -86,6 +86,6 @@ def build(cfg: Config, data: FederatedData | None = None) -> Federation:
     if spec.metrics.save_weights and alg.global_weights(state) is None:
         raise ProtoflError(f"config: metrics.save_weights: {alg.name} has no aggregate model "
                            "to save (each client keeps its own)")
-    train_data = data.pooled() if alg.centralized else data
+    train_data = data.pooled() if spec.data.pooled else data
     return Federation(spec, data, train_data, alg, dev, server, local_setup(spec, dev), state,
                       rng)

@@ -51,7 +51,7 @@ def check(cfg: Config, alg: Algorithm) -> None:
         raise ProtoflError("config: privacy.budget needs privacy.noise_multiplier > 0")
     if not dp and not p.secagg:
         return
-    if alg.centralized:
+    if cfg.data.pooled:
         raise ProtoflError(f"privacy: {alg.name} trains on the pooled data of every client; "
                            "client-level DP and secure aggregation do not apply to it")
     if cfg.metrics.ffd_reference and (p.secagg or p.noise == "client"):

@@ -95,12 +95,15 @@ def auto_threads(parameters: int) -> int:
 def resolve(cfg: Config, data: FederatedData) -> RunSpec:
     """``cfg`` with every default filled for a run on ``data`` (the federation it names):
     the dataset's partition, augmentation and model; the algorithm's canonical name and
-    options; the clients' settings (the config's, else the paper's, else the fallbacks; DP
-    samples uniformly); threads, workers and the client count; and for the centralized
-    baseline, one client taking a federated round's expected SGD steps each round."""
+    options and the ``data.*`` settings it implies; the clients' settings (the config's, else
+    the paper's, else the fallbacks; DP samples uniformly); threads, workers and the client
+    count; and for pooled data (the centralized baseline), one client taking a federated
+    round's expected SGD steps each round."""
     task = check_task(cfg)
     cls = algorithm_class(cfg.algorithm)
-    augment = resolve_data(cfg.data).augment
+    data_cfg = dataclasses.replace(resolve_data(cfg.data), num_clients=data.num_clients,
+                                   **cls.data_defaults)
+    augment = data_cfg.augment
     if augment != "none" and len(data.input_shape) != 3:
         raise ProtoflError(f"config: data.augment = {augment} needs images (C, H, W); "
                            f"{data.name} rows are {data.input_shape}")
@@ -111,7 +114,7 @@ def resolve(cfg: Config, data: FederatedData) -> RunSpec:
     if clients.per_round > data.num_clients:
         raise ProtoflError(f"config: clients.per_round = {clients.per_round} exceeds the "
                            f"{data.num_clients} clients of {data.name}")
-    if cls.centralized:
+    if data_cfg.pooled:
         budget = step_budget(data.train_sizes, clients.per_round, clients.local_epochs,
                              clients.local_steps, clients.batch_size)
         clients = dataclasses.replace(clients, per_round=1, local_steps=budget, stragglers=0.0)
@@ -119,10 +122,8 @@ def resolve(cfg: Config, data: FederatedData) -> RunSpec:
                       "algorithm": cls.name, "task": task,
                       "algo": dataclasses.asdict(build(cls.Options, dict(cfg.algo), "algo")),
                       "workers": resolve_workers(cfg.workers),
-                      "data": dataclasses.replace(resolve_data(cfg.data),
-                                                  num_clients=data.num_clients),
-                      "model": resolve_model(cfg), "clients": clients,
-                      "metrics": fill(cfg.metrics, {"save_weights": cls.centralized})})
+                      "data": data_cfg, "model": resolve_model(cfg), "clients": clients,
+                      "metrics": fill(cfg.metrics, {"save_weights": data_cfg.pooled})})
     if spec.threads is None:
         spec = dataclasses.replace(spec, threads=auto_threads(trained_parameters(spec, data)))
     return spec
