@@ -19,6 +19,7 @@ ALGORITHMS: dict[str, str] = {
     "fedproto": "protofl.algorithms.fedproto:FedProto",
     "fedtgp": "protofl.algorithms.fedtgp:FedTGP",
     "fedplvm": "protofl.algorithms.fedplvm:FedPLVM",
+    "feddyn": "protofl.algorithms.feddyn:FedDyn",
     "central": "protofl.algorithms.central:Central",
 }
 ALIASES = {"pgfl": "fedmargin"}
