@@ -204,6 +204,21 @@ def test_a_pickle_that_would_run_code_is_refused(tmp_path):
         cifar.load_batch(tmp_path / "test_batch")
 
 
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_batches_pickled_by_python3_load_too(tmp_path, protocol):
+    """Re-pickled batches (Python 3 bytes at protocol 2, numpy's protocol-5 reduction) are
+    read; a codec other than latin-1 inside ``_codecs.encode`` is refused."""
+    data = np.arange(2 * 3072, dtype=np.int64).astype(np.uint8).reshape(2, 3072)
+    path = tmp_path / "b"
+    path.write_bytes(pickle.dumps({b"labels": [3, 4], b"data": data}, protocol=protocol))
+    x, y = cifar.read_batch(path, CIFAR10)
+    assert np.array_equal(x.reshape(2, -1), data) and y.tolist() == [3, 4]
+    if protocol == 2:
+        path.write_bytes(path.read_bytes().replace(b"latin1", b"rot_13"))
+        with pytest.raises(ProtoflError, match="not a plain CIFAR batch: refused codec 'rot_13'"):
+            cifar.load_batch(path)
+
+
 def test_image_size_other_than_32_is_refused(tmp_path):
     write_cifar10(tmp_path)
     with pytest.raises(ProtoflError, match="CIFAR-10 images are 32 x 32"):

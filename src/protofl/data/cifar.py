@@ -8,9 +8,10 @@ keys: ``b'data'``, a uint8 array N x 3072 whose rows hold the red, green then bl
 ``b'coarse_labels'`` (CIFAR-100: ``train`` and ``test``, names in ``meta``).
 
 A pickle can run code when loaded, so the batches are read with a restricted unpickler that
-resolves only the two numpy names a pickled array needs (``_reconstruct``, ``ndarray``,
-``dtype``); any other global (``os.system``, ``builtins.eval``, ...) is refused before it is
-called. ``protofl data fetch`` also verifies the archive's published MD5 first.
+resolves only the numpy names a pickled array needs (``_reconstruct``, or ``_frombuffer``
+at protocol 5, ``ndarray``, ``dtype``) and a latin-1-only ``_codecs.encode`` (Python 3's
+protocol-2 bytes); any other global (``os.system``, ``builtins.eval``, ...) is refused before
+it is called. ``protofl data fetch`` also verifies the archive's published MD5 first.
 
 Pixels stay uint8 (``scale`` 255); ``mean``/``std`` are the per-channel statistics of the
 clients' pool (the official training set), so inputs are standardised per channel.
@@ -62,14 +63,27 @@ COARSE_CLASSES = 20  # CIFAR-100's superclasses (b'coarse_labels')
 
 
 # ---------------------------------------------------------------- safe unpickling
-_RECONSTRUCT = np.empty(0).__reduce__()[0]  # numpy's array reconstructor, whatever its module
-_ALLOWED = {("numpy.core.multiarray", "_reconstruct"): _RECONSTRUCT,  # numpy < 2, Python 2
-            ("numpy._core.multiarray", "_reconstruct"): _RECONSTRUCT,  # numpy >= 2
-            ("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype}
-
-
 class _Refused(pickle.UnpicklingError):
     """The pickle names a global that a CIFAR batch does not need."""
+
+
+_RECONSTRUCT = np.empty(0).__reduce__()[0]  # numpy's array reconstructor, whatever its module
+_FROMBUFFER = np.empty(0).__reduce_ex__(5)[0]  # what pickle protocol 5 uses instead
+
+
+def _latin1(text: str, encoding: str) -> bytes:
+    """``_codecs.encode`` as Python 3 uses it to pickle bytes at protocol 2, latin-1 only."""
+    if encoding != "latin1":
+        raise _Refused(f"refused codec {encoding!r} (only latin1 is allowed)")
+    return text.encode("latin1")
+
+
+_ALLOWED = {("numpy.core.multiarray", "_reconstruct"): _RECONSTRUCT,  # numpy < 2, Python 2
+            ("numpy._core.multiarray", "_reconstruct"): _RECONSTRUCT,  # numpy >= 2
+            ("numpy.core.numeric", "_frombuffer"): _FROMBUFFER,
+            ("numpy._core.numeric", "_frombuffer"): _FROMBUFFER,
+            ("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
+            ("_codecs", "encode"): _latin1}
 
 
 class _ArrayUnpickler(pickle.Unpickler):
