@@ -85,6 +85,21 @@ DATASETS: dict[str, DatasetSpec] = {
                                 "no download)", needs_files=False, task="segmentation",
                                 partition="dirichlet_powerlaw", augment="crop_flip",
                                 model_options=SHAPES_MODEL),
+    # the image benchmarks of FedProto / FedTGP (protofl.data.cifar, .tinyimagenet)
+    "cifar10": DatasetSpec("protofl.data.cifar:cifar10_federation", "resnet18",
+                           "CIFAR-10 python batches, 32x32 RGB, 10 classes, 20 clients",
+                           partition="dirichlet", augment="crop_flip"),
+    "cifar100": DatasetSpec("protofl.data.cifar:cifar100_federation", "resnet18",
+                            "CIFAR-100 python batches (fine labels), 100 classes, 20 clients",
+                            partition="dirichlet", augment="crop_flip"),
+    "tinyimagenet": DatasetSpec("protofl.data.tinyimagenet:tinyimagenet_federation",
+                                "resnet18", "Tiny-ImageNet-200 folders, 64x64 RGB, 200 "
+                                "classes, val as test, 20 clients", partition="dirichlet",
+                                augment="crop_flip"),
+    "cifar_tiny": DatasetSpec("protofl.data.cifar:cifar_tiny_federation", "leaf_cnn",
+                              "generated 32x32 RGB textures, 10 classes, 10 clients (a CIFAR "
+                              "stand-in, no download)", needs_files=False,
+                              partition="dirichlet", augment="crop_flip"),
 }
 
 
