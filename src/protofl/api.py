@@ -86,6 +86,7 @@ def resume_experiment(out: str | Path, rounds: int | None = None, progress: bool
         if device is not None:
             cfg = config_from_dict({**cfg.to_dict(), "device": device})
         exp = runnable(Experiment(cfg), out)
+        runfolder.check_resumable(out, snapshot, exp.alg.name, exp.state)
         exp.callbacks += [*folder_callbacks(out, False, progress), *callbacks]
         exp.resume(out, snapshot)
         return run_in_folder(exp, out)

@@ -27,7 +27,7 @@ from protofl.config import Config
 from protofl.errors import ProtoflError
 from protofl.nested import flatten
 from protofl.privacy.accountant import Accountant, Budget
-from protofl.privacy.contrib import SumForm, SumSettings
+from protofl.privacy.contrib import SumForm, SumSettings, check_secure_range
 from protofl.seeding import CLIENT_NOISE, NOISE, torch_gen
 
 if TYPE_CHECKING:
@@ -93,6 +93,7 @@ class PrivateRounds:
             clients=cfg.clients.per_round, client_noise=self.client_noise,
             scale=p.secagg_max_weight if p.secagg and not self.dp else 1.0)
         self.form = SumForm(alg, flatten(alg.broadcast(state)), self.settings)
+        self.secure_range = p.secagg_range if p.secagg else None  # what SecAgg+ can carry
         self.multipliers: list[float] = []  # one per round that released an aggregate
         self.accountant = self.budget = None
         self.client_secret: int | None = None  # a node's own seed for its noise (Flower)
@@ -131,7 +132,10 @@ class PrivateRounds:
         if self.client_noise:
             seed = self.seed if self.client_secret is None else self.client_secret
             gen = torch_gen(seed, CLIENT_NOISE, rc.round, client)
-        return self.form.contribution(upload, rc.broadcast, None, gen)[0]
+        out = self.form.contribution(upload, rc.broadcast, None, gen)[0]
+        if self.secure_range is not None:
+            check_secure_range(out, self.form.spec(), self.secure_range, client)
+        return out
 
     def spec(self) -> dict[str, UploadEntry]:
         """What a valid reply holds: a contribution (clients compute them) or an upload."""

@@ -15,7 +15,8 @@ from protofl.errors import ProtoflError
 from protofl.metrics.mmd import ffd
 from protofl.nested import flatten
 from protofl.report import outputs
-from protofl.report.labels import COLUMNS, LEGEND, headers, row_labels, setting_caption
+from protofl.report.labels import (COLUMNS, LEGEND, headers, mix_note, row_labels,
+                                   setting_caption)
 from protofl.report.plots import plot_groups, plot_weights
 
 REFERENCE = "fedavg"  # FFD(A, B) compares every method A with B = this one
@@ -121,6 +122,8 @@ def make_tables(runs: list[dict]) -> list[Table]:
         caption = setting_caption([flatten(r["config"]) for r in described],
                                   [r["summary"] for r in described],
                                   [_clients(r) for r in described])
+        caption += mix_note({row.label: [r["summary"] for r in row.runs]
+                             for row in rows.values()})
         if fed and central:
             caption += ("; central: one client holding all the training data, as many SGD "
                         "steps per round as a federated round's expected")
@@ -280,6 +283,10 @@ def compare(folders: list[Path], out: Path | None = None, *, overwrite: bool = F
     if out.suffix == ".json":
         raise ProtoflError(f"--out {out}: name the Markdown table (e.g. table.md); the numbers "
                            "go to the .json beside it")
+    if out.with_suffix(".json").name in runfolder.ARTEFACTS:
+        raise ProtoflError(f"--out {out}: its numbers would go to {out.with_suffix('.json')}, "
+                           "the name of a run folder's file (its folder would look like a "
+                           "run); name the table otherwise, e.g. table.md")
     pngs = {}
     for t in tables:
         groups = {row.label: [r["rows"] for r in row.runs] for row in t.rows}
