@@ -15,8 +15,7 @@ from protofl.errors import ProtoflError
 from protofl.metrics.mmd import ffd
 from protofl.nested import flatten
 from protofl.report import outputs
-from protofl.report.labels import (COLUMNS, LEGEND, headers, mix_note, row_labels,
-                                   setting_caption)
+from protofl.report.labels import COLUMNS, LEGEND, headers, mix_note, row_labels, setting_caption
 from protofl.report.plots import plot_groups, plot_weights
 
 REFERENCE = "fedavg"  # FFD(A, B) compares every method A with B = this one
