@@ -235,10 +235,11 @@ def leaf_federation(cfg: DataConfig) -> FederatedData:
         if not isinstance(x, np.ndarray):
             raise ProtoflError(f"LEAF data in {cfg.root}: user {u!r} has non-numeric x; "
                                "use the dataset that matches it (e.g. celeba)")
-    users = _pick_users([u for u, (_, y) in train.items() if len(y)], cfg)
+    users = [u for u, (_, y) in train.items() if len(y)]
     if not users:
         raise ProtoflError(f"LEAF data in {cfg.root}: no user holds a training sample "
                            f"(all {len(train)} users have empty x and y)")
+    users = _pick_users(users, cfg)
     _same_features(cfg.root, users, train, test)
     ys = [train[u][1] for u in users] + ([test[u][1] for u in users if u in test] if test
                                          else [])

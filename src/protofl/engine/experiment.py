@@ -199,7 +199,7 @@ class Experiment:
         if self.evaluating(t):
             for cb in self.callbacks:
                 cb.on_evaluate(self, record)
-            check_loss(record, data.num_classes, c)
+            check_loss(record, data.num_classes, c, dp_on(cfg))
         self.elapsed += time.perf_counter() - start
         record["seconds"] = round(self.elapsed, 4)
         if "accuracy" in record:
