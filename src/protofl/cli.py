@@ -59,6 +59,7 @@ def _config(args) -> Config:
 
 def cmd_run(args) -> int:
     from protofl.api import resume_experiment, run_experiment
+    from protofl.report.runs import summary_line
 
     if args.resume:
         given = [flag for flag in ("config", "algorithm", "dataset", "task", "seed", "set",
@@ -76,14 +77,7 @@ def cmd_run(args) -> int:
         out = _path(args.out) if args.out else Path("runs") / (
             f"{cfg.algorithm}_{cfg.data.name}_seed{cfg.seed}_{time.strftime('%Y%m%d-%H%M%S')}")
         summary = run_experiment(cfg, out, overwrite=args.overwrite, progress=not args.quiet)
-    figures = ", ".join(f"{k} {summary[k]:.4f}" for k in ("miou", "accuracy", "loss",
-                                                          "local_accuracy")
-                        if isinstance(summary.get(k), float))
-    if isinstance(summary.get("epsilon"), float):
-        figures += f", epsilon {summary['epsilon']:.3g}"
-    stopped = f", stopped early: {summary['stopped']}" if summary.get("stopped") else ""
-    print(f"{summary['algorithm']} on {summary['dataset']}, {summary['rounds']} rounds: "
-          f"{figures} ({summary['seconds']:.1f} s{stopped}) -> {out}")
+    print(summary_line(summary, out))
     return 0
 
 

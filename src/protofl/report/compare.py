@@ -98,9 +98,10 @@ def natural_key(text: str) -> list:
 
 def make_tables(runs: list[dict]) -> list[Table]:
     """Runs grouped by dataset (a table each, in natural order of their labels) and,
-    within, by label (a row each)."""
+    within, by label (a row each; rows in the natural order of their first run's folder, so
+    ``compare``, a suite's table.md and ``report`` list the methods alike)."""
     by_ds: dict[str, list[dict]] = {}
-    for r in runs:
+    for r in sorted(runs, key=lambda r: natural_key(str(r["folder"]))):
         by_ds.setdefault(dataset_label(r), []).append(r)
     tables = []
     for ds, every in sorted(by_ds.items(), key=lambda item: natural_key(item[0])):
