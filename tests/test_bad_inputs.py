@@ -354,3 +354,72 @@ def test_docs_budget_example_settings_run_under_their_budget():
 def test_json_config_without_duplicates_still_loads(tmp_path):
     (tmp_path / "c.json").write_text(json.dumps({"rounds": 1, "clients": {"lr": 0.1}}))
     assert load_raw(tmp_path / "c.json") == {"rounds": 1, "clients": {"lr": 0.1}}
+
+
+# ---- item 6: the HTML report ----
+
+@pytest.fixture(scope="module")
+def report_runs(tmp_path_factory) -> Path:
+    """fedprox, fedavg and fedmargin runs (2 seeds, mmd logged) with a 10-class confusion
+    matrix of 4-digit counts, in a folder of runs."""
+    root = tmp_path_factory.mktemp("report") / "runs"
+    m = (np.eye(10) * 1200 + 3).astype(int).tolist()
+    for alg in ("fedprox", "fedavg", "fedmargin"):
+        for seed in (0, 1):
+            f = make_run(root / alg / f"seed{seed}", alg, seed, mmd=True)
+            s = json.loads((f / runfolder.SUMMARY).read_text())
+            (f / runfolder.SUMMARY).write_text(json.dumps({**s, "confusion": m}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def page(report_runs) -> str:
+    from protofl.report.html import build_html
+    from protofl.report.sections import sections
+
+    return build_html(sections([report_runs]))
+
+
+def test_report_confusion_counts_are_readable_and_headed(page):
+    import re
+
+    from protofl.report import assets
+
+    assert "<h4>Confusion matrices</h4>" in page and "or segmentation" not in page
+    for fig in re.findall(r'<figure class="cm"[^>]*>.*?</figure>', page, re.S):
+        css = re.search(r'style="width:(\d+)px"', fig[:80])
+        shown = float(css.group(1)) if css else float(
+            re.search(r"figure\.cm svg\{width:(\d+)px", assets.CSS).group(1))
+        drawn = float(re.search(r'<svg[^>]*width="([\d.]+)pt"', fig).group(1))
+        sizes = [float(px) for px, body in re.findall(
+            r'<text style="font-size: ([\d.]+)px[^>]*>\s*([^<]*)</text>', fig)
+            if body.strip().isdigit() and int(body) >= 1000]  # the cells' counts
+        assert sizes and min(sizes) * shown / drawn >= 9  # pixels tall on the page
+
+
+def test_report_ffd_plot_has_a_legend_and_methods_in_table_md_order(report_runs, page,
+                                                                      tmp_path):
+    import html as H
+    import re
+
+    figs = re.findall(r'<figure class="curve" id="[^"]+" data-meta="([^"]+)"[^>]*>(.*?)'
+                      r"</figure>", page, re.S)
+    ffd = [svg for meta, svg in figs if json.loads(H.unescape(meta))["title"].startswith("FFD")]
+    assert len(ffd) == 1 and 'id="f' in ffd[0] and "legend_1" in ffd[0]
+    html_order = re.findall(r'<tr><td><span class="swatch"[^>]*></span>([^<]+)</td>', page)
+    given = [report_runs / a / f"seed{s}" for a in ("fedprox", "fedmargin", "fedavg")
+             for s in (0, 1)]  # compare's input order, e.g. a suite's plan
+    text = compare(given, tmp_path / "t" / "table.md")
+    md_order = [line.split("|")[1].strip() for line in text.splitlines()
+                if line.startswith("| fed")]
+    assert md_order == html_order == ["fedavg", "fedmargin", "fedprox"]
+
+
+def test_summary_line_is_what_run_and_the_flower_server_print():
+    from protofl.report.runs import summary_line
+
+    s = {"algorithm": "fedavg", "dataset": "digits", "rounds": 3, "accuracy": 0.5,
+         "loss": 1.25, "seconds": 2.04}
+    assert summary_line(s) == "fedavg on digits, 3 rounds: accuracy 0.5000, loss 1.2500 (2.0 s)"
+    assert summary_line({**s, "stopped": "privacy budget"}, Path("r")).endswith(
+        "(2.0 s, stopped early: privacy budget) -> r")
