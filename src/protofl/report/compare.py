@@ -283,10 +283,6 @@ def compare(folders: list[Path], out: Path | None = None, *, overwrite: bool = F
     if out.suffix == ".json":
         raise ProtoflError(f"--out {out}: name the Markdown table (e.g. table.md); the numbers "
                            "go to the .json beside it")
-    if out.with_suffix(".json").name in runfolder.ARTEFACTS:
-        raise ProtoflError(f"--out {out}: its numbers would go to {out.with_suffix('.json')}, "
-                           "the name of a run folder's file (its folder would look like a "
-                           "run); name the table otherwise, e.g. table.md")
     pngs = {}
     for t in tables:
         groups = {row.label: [r["rows"] for r in row.runs] for row in t.rows}
@@ -297,6 +293,10 @@ def compare(folders: list[Path], out: Path | None = None, *, overwrite: bool = F
                 plot_weights, groups, t)
     outputs.check_targets([out, out.with_suffix(".json"), *pngs],
                           [r["folder"] for r in runs], overwrite)
+    if out.with_suffix(".json").name in runfolder.ARTEFACTS:
+        raise ProtoflError(f"--out {out}: its numbers would go to {out.with_suffix('.json')}, "
+                           "the name of a run folder's file (its folder would look like a "
+                           "run); name the table otherwise, e.g. table.md")
     outputs.writable(out)
     outputs.write_text(out, text + "\n")
     outputs.write_json(out.with_suffix(".json"), data)
