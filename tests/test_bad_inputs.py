@@ -423,3 +423,29 @@ def test_summary_line_is_what_run_and_the_flower_server_print():
     assert summary_line(s) == "fedavg on digits, 3 rounds: accuracy 0.5000, loss 1.2500 (2.0 s)"
     assert summary_line({**s, "stopped": "privacy budget"}, Path("r")).endswith(
         "(2.0 s, stopped early: privacy budget) -> r")
+
+
+def test_the_flower_server_logs_its_result_and_its_error_as_one_line(monkeypatch, caplog):
+    pytest.importorskip("flwr")
+    from types import SimpleNamespace
+
+    from protofl.flower import server_app
+
+    summary = {"algorithm": "fedavg", "dataset": "digits", "rounds": 3, "accuracy": 0.5,
+               "seconds": 1.0}
+    ran = SimpleNamespace(summary=lambda: summary)
+    monkeypatch.setattr(server_app, "run_on_grid", lambda *a, **k: ran)
+    context = SimpleNamespace(run_config={})
+    with caplog.at_level(logging.INFO, "flwr"):
+        assert server_app.serve(None, context, cfg=object()) is ran
+    assert "protofl: fedavg on digits, 3 rounds: accuracy 0.5000 (1.0 s)" in caplog.text
+
+    def refused(*a, **k):
+        raise ProtoflError("flower: num-partitions = 2 but synthetic(1,1) has 30 clients")
+
+    monkeypatch.setattr(server_app, "run_on_grid", refused)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, "flwr"), pytest.raises(ProtoflError):
+        server_app.serve(None, context, cfg=object())
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
+        "protofl: error: flower: num-partitions = 2 but synthetic(1,1) has 30 clients"]
