@@ -82,8 +82,8 @@ def test_paper_defaults_that_cannot_matter_never_label_a_row(tmp_path):
              paper_defaults=True)
     (t,) = make_tables(load_runs([tmp_path / n for n in ("fedavg", "fedprox", "moon",
                                                           "fedproin")]))
-    assert [row.label for row in t.rows] == ["fedavg, lr=0.001", "fedprox, lr=0.001",
-                                             "moon, lr=0.001", "fedproin, lr=0.0001"]
+    assert [row.label for row in t.rows] == ["fedavg, lr=0.001", "fedproin, lr=0.0001",
+                                             "fedprox, lr=0.001", "moon, lr=0.001"]
     for name in ("fedavg", "fedprox"):
         make_run(tmp_path / "epochs" / name, name, paper_defaults=True)
     (t,) = make_tables(load_runs([tmp_path / "epochs" / n for n in ("fedavg", "fedprox")]))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,8 @@ from protofl.errors import Diverged, ProtoflError
 from protofl.report.plots import PlotRun
 from protofl.report.stats import PartitionStats
 from protofl.report.trackers import Tracking, require
+
+log = logging.getLogger("protofl")
 
 
 def folder_callbacks(out: Path | None, overwrite: bool, progress: bool) -> list[Callback]:
@@ -83,8 +86,9 @@ def run_experiment(cfg: Config, out: str | Path | None = None, *, overwrite: boo
 def resume_experiment(out: str | Path, rounds: int | None = None, progress: bool = False,
                       callbacks: Sequence[Callback] = (), device: str | None = None) -> dict:
     """Continue a killed run from its last checkpoint; it ends as an uninterrupted run would.
-    ``rounds`` extends a run to more rounds than it was configured for; ``device`` trains the
-    rest elsewhere (checkpoints are device-independent)."""
+    ``rounds`` is the run's new total: more than configured extends it, fewer (never below the
+    checkpoint's round) ends it sooner, with a warning; ``device`` trains the rest elsewhere
+    (checkpoints are device-independent)."""
     out = Path(out)
     if not (out / runfolder.CONFIG).is_file():  # before the lock, which would create the folder
         raise ProtoflError(f"{out} is not a run folder (no {runfolder.CONFIG}): nothing to "
@@ -93,10 +97,14 @@ def resume_experiment(out: str | Path, rounds: int | None = None, progress: bool
         cfg = config_from_dict(runfolder.load_config_json(out))
         snapshot = runfolder.load_checkpoint(out)
         if rounds is not None:
+            if rounds < cfg.rounds:
+                log.warning("--rounds %d is fewer than the %d configured: the run ends sooner, "
+                            "at round %d", rounds, cfg.rounds, rounds)
             cfg = dataclasses.replace(cfg, rounds=rounds)
         if device is not None:
             cfg = config_from_dict({**cfg.to_dict(), "device": device})
         exp = runnable(Experiment(cfg), out)
+        runfolder.check_resumable(out, snapshot, exp.alg.name, exp.state)
         exp.callbacks += [*folder_callbacks(out, False, progress), *callbacks]
         exp.resume(out, snapshot)
         return run_in_folder(exp, out)

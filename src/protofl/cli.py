@@ -20,6 +20,12 @@ NAMES_NOTE = ("Two published methods are called 'FedProto': here 'fedmargin' (al
               "Tan et al. (AAAI 2022).")
 
 
+def _path(text: str) -> Path:
+    """A path from the command line, ``~`` expanded (no shell expands it inside ``--out=~/x``
+    or a quoted argument)."""
+    return Path(text).expanduser()
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit code 2
         raise ProtoflError(f"{self.prog}: {message}")
@@ -53,6 +59,7 @@ def _config(args) -> Config:
 
 def cmd_run(args) -> int:
     from protofl.api import resume_experiment, run_experiment
+    from protofl.report.runs import summary_line
 
     if args.resume:
         given = [flag for flag in ("config", "algorithm", "dataset", "task", "seed", "set",
@@ -60,30 +67,23 @@ def cmd_run(args) -> int:
                  if getattr(args, flag) is not None and getattr(args, flag) is not False]
         if given:
             raise ProtoflError(f"--resume continues a run as it was configured; only --rounds "
-                               f"(to extend it) and --device may be given, not "
+                               f"(its new total) and --device may be given, not "
                                f"--{given[0].replace('_', '-')}")
-        summary = resume_experiment(Path(args.resume), args.rounds, progress=not args.quiet,
+        out = _path(args.resume)
+        summary = resume_experiment(out, args.rounds, progress=not args.quiet,
                                     device=args.device)
-        out = Path(args.resume)
     else:
         cfg = _config(args)
-        out = Path(args.out) if args.out else Path("runs") / (
+        out = _path(args.out) if args.out else Path("runs") / (
             f"{cfg.algorithm}_{cfg.data.name}_seed{cfg.seed}_{time.strftime('%Y%m%d-%H%M%S')}")
         summary = run_experiment(cfg, out, overwrite=args.overwrite, progress=not args.quiet)
-    figures = ", ".join(f"{k} {summary[k]:.4f}" for k in ("miou", "accuracy", "loss",
-                                                          "local_accuracy")
-                        if isinstance(summary.get(k), float))
-    if isinstance(summary.get("epsilon"), float):
-        figures += f", epsilon {summary['epsilon']:.3g}"
-    stopped = f", stopped early: {summary['stopped']}" if summary.get("stopped") else ""
-    print(f"{summary['algorithm']} on {summary['dataset']}, {summary['rounds']} rounds: "
-          f"{figures} ({summary['seconds']:.1f} s{stopped}) -> {out}")
+    print(summary_line(summary, out))
     return 0
 
 
 def _run_folders(paths: list[str]) -> list[Path]:
     found: list[Path] = []
-    for p in map(Path, paths):
+    for p in map(_path, paths):
         if (p / "summary.json").exists():
             found.append(p)
         elif p.is_dir():
@@ -98,7 +98,7 @@ def _run_folders(paths: list[str]) -> list[Path]:
 def cmd_compare(args) -> int:
     from protofl.report.compare import compare
 
-    print(compare(_run_folders(args.dirs), Path(args.out) if args.out else None,
+    print(compare(_run_folders(args.dirs), _path(args.out) if args.out else None,
                   overwrite=args.overwrite))
     return 0
 
@@ -108,13 +108,13 @@ def cmd_report(args) -> int:
     from protofl.report.markdown import write_markdown
     from protofl.report.sections import sections
 
-    secs = sections([Path(d) for d in args.dirs])
+    secs = sections([_path(d) for d in args.dirs])
     if args.markdown:
-        written = write_markdown(secs, Path(args.markdown),
-                                 Path(args.figures) if args.figures else None, args.overwrite)
+        written = write_markdown(secs, _path(args.markdown),
+                                 _path(args.figures) if args.figures else None, args.overwrite)
         print(f"markdown: {written[0]} (+ {len(written) - 1} figures)")
     if args.out or not args.markdown:
-        out = write_html(secs, Path(args.out or "report.html"), args.overwrite, args.title)
+        out = write_html(secs, _path(args.out or "report.html"), args.overwrite, args.title)
         print(f"report: {out} (open it in any browser; nothing is fetched)")
     return 0
 
@@ -130,12 +130,28 @@ def cmd_suite(args) -> int:
         overrides["device"] = args.device
     for s in args.set or []:
         apply_set(overrides, s)
-    seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
-    out = Path(args.out or f"runs/{args.name}")
-    print(run_suite(args.name, out, args.jobs, seeds, overrides))
+    if args.jobs is not None and args.jobs < 1:
+        raise ProtoflError(f"--jobs {args.jobs}: give at least 1 (or leave it out: one per "
+                           "CPU core)")
+    out = _path(args.out or f"runs/{args.name}")
+    print(run_suite(args.name, out, args.jobs, _seeds(args.seeds), overrides))
     print(f"table: {out / 'table.md'}; curves: {out}/table_*.png; report: "
           f"{out / 'report.html'}")
     return 0
+
+
+def _seeds(text: str | None) -> tuple[int, ...] | None:
+    """``--seeds 0,1,2`` as integers (None: the suite's own)."""
+    if text is None:
+        return None
+    try:
+        seeds = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise ProtoflError(f"--seeds {text!r}: expected comma-separated integers, e.g. "
+                           "0,1,2") from None
+    if len(set(seeds)) != len(seeds):
+        raise ProtoflError(f"--seeds {text!r}: a seed is given twice")
+    return seeds
 
 
 def algorithm_details(name: str) -> list[str]:
@@ -215,7 +231,7 @@ def cmd_stats(args) -> int:
 
     cfg = _config(args)
     data = load_dataset(cfg.data)
-    out = Path(args.out) if args.out else None
+    out = _path(args.out) if args.out else None
     print(partition_stats(data, out))
     return 0
 
@@ -223,7 +239,7 @@ def cmd_stats(args) -> int:
 def cmd_tsne(args) -> int:
     from protofl.report.tsne import tsne_plot
 
-    print(tsne_plot(Path(args.dir), args.samples))
+    print(tsne_plot(_path(args.dir), args.samples))
     return 0
 
 
@@ -237,7 +253,7 @@ def cmd_segfigure(args) -> int:
     for f in folders:
         alg = str(load_summary(f)["algorithm"])
         labels[alg if alg not in labels else f"{alg} ({f})"] = f
-    out = Path(args.out)
+    out = _path(args.out)
     outputs.check_targets([out], folders, args.overwrite)
     print(runs_figure(labels, out, args.images, args.title or ""))
     return 0
@@ -295,7 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=_options_epilog(),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     config_args(q)
-    q.add_argument("--resume", metavar="DIR", help="continue a killed run from its checkpoint")
+    q.add_argument("--resume", metavar="DIR", help="continue a killed run from its checkpoint "
+                   "(with --rounds N: its new total, more to extend it, fewer to end it sooner "
+                   "but never below the checkpoint's round)")
     q.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
     q.add_argument("--log", action="append", choices=("tensorboard", "mlflow"),
                    help="also log to TensorBoard (<run>/tensorboard) or MLflow (repeatable; "

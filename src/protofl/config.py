@@ -9,6 +9,7 @@ list of ``protofl run --help``.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import json
 import math
@@ -307,7 +308,7 @@ class Config:
                                   "when the model and loss allow)",
                           choices=("auto", "sequential", "vectorized", "parallel"))
     workers: int | None = option(None, "worker processes of the parallel trainer (auto: every "
-                                       "usable core)", ge=1, auto=True)
+                                       "usable core; more are capped to them)", ge=1, auto=True)
     device: str = option("auto", "where the model trains and is evaluated (auto: CUDA when "
                                  "present, else the CPU)",
                          choices=("auto", "cpu", "cuda", "cuda:N", "mps"), pattern=DEVICES)
@@ -445,6 +446,37 @@ def markdown_table(cls: type = Config, prefix: str = "") -> str:
 
 # ---- raw mappings: files and --set ----
 
+class _DuplicateKey(Exception):
+    """A key given twice in one mapping of a config file (YAML and JSON keep the last)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load that refuses a key given twice in one mapping."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, collections.abc.Hashable):
+                continue  # refused by SafeLoader itself, as a YAMLError
+            if key in seen:
+                raise _DuplicateKey(f"key {key!r} is given twice (line "
+                                    f"{key_node.start_mark.line + 1}); keep one")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(f"key {k!r} is given twice; keep one")
+        out[k] = v
+    return out
+
+
 def load_raw(path: str | Path) -> dict[str, Any]:
     """Read a YAML or JSON config file into a mapping (one clear error when unreadable)."""
     p = Path(os.path.expanduser(str(path)))
@@ -453,7 +485,10 @@ def load_raw(path: str | Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as e:
         raise ProtoflError(f"config file {p}: {getattr(e, 'strerror', None) or e}") from None
     try:
-        raw = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        raw = (json.loads(text, object_pairs_hook=_unique_pairs) if p.suffix == ".json"
+               else yaml.load(text, Loader=_UniqueKeyLoader))  # noqa: S506 - a SafeLoader
+    except _DuplicateKey as e:
+        raise ProtoflError(f"config file {p}: {e}") from None
     except (yaml.YAMLError, json.JSONDecodeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ProtoflError(f"config file {p} is not valid YAML/JSON: {first}") from None
@@ -472,8 +507,11 @@ def apply_set(raw: dict[str, Any], assignment: str) -> None:
     parts = key.strip().split(".")
     if not all(parts):
         raise ProtoflError(f"--set {assignment!r}: empty key")
+    if not text.strip():
+        raise ProtoflError(f"--set {assignment!r}: no value; write {key.strip()}=null for the "
+                           "default")
     try:
-        value = yaml.safe_load(text) if text.strip() else None
+        value = yaml.safe_load(text)
     except yaml.YAMLError:
         value = text
     node = raw

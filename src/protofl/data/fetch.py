@@ -330,6 +330,18 @@ def _call(spec: str, *args):
     return getattr(importlib.import_module(module), func)(*args)
 
 
+def _check_writable(root: Path) -> None:
+    """``root`` exists and takes a file: else one line that says why (permission denied, a
+    read-only file system), before the free-space check could misread it as a full disk."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=root).close()
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        raise ProtoflError(f"cannot write to {root}: {why}; pick a folder you can write "
+                           "(--root or $PROTOFL_DATA)") from None
+
+
 def _check_space(root: Path, files: Iterable[FileSource], downloads: Path) -> None:
     need = 0
     for f in files:
@@ -358,7 +370,7 @@ def fetch(name: str, root: str | Path | None = None, *, progress: bool = True,
     if folder.exists():
         raise ProtoflError(f"{folder} exists but is not a finished fetch (no {MARKER}); move "
                            "it away or pick another --root")
-    root.mkdir(parents=True, exist_ok=True)
+    _check_writable(root)
     downloads = root / f".{src.name}.downloads"
     files = src.files
     if src.dataverse is not None:

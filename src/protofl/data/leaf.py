@@ -26,6 +26,7 @@ FEMNIST_LETTERS = "abcdefghij"
 FEMNIST_CLIENTS = 200
 FEMNIST_CLASSES_PER_CLIENT = 5
 CELEBA_SIZE = 84
+MAX_CLASSES = 100_000  # a generic LEAF file's labels must lie below this (0 .. max label)
 
 
 def read_leaf(folder: str | Path, labels: Iterable[int] | None = None) -> UserData:
@@ -127,6 +128,9 @@ def leaf_layout(root: str | Path) -> tuple[Path, Path | None]:
     """(train folder, test folder or None) of a LEAF dataset: ``root`` or ``root/data`` with
     ``train/`` and ``test/``, else ``all_data/`` or the .json files of ``root`` itself."""
     root = Path(root)
+    if root.is_file():
+        raise ProtoflError(f"data.root {root} is a file; a LEAF data.root is a folder (of "
+                           "train/ and test/, or all_data/, or .json files)")
     if not root.is_dir():
         raise ProtoflError(f"LEAF folder {root} does not exist")
     for base in (root, root / "data"):
@@ -231,11 +235,19 @@ def leaf_federation(cfg: DataConfig) -> FederatedData:
         if not isinstance(x, np.ndarray):
             raise ProtoflError(f"LEAF data in {cfg.root}: user {u!r} has non-numeric x; "
                                "use the dataset that matches it (e.g. celeba)")
-    users = _pick_users([u for u, (_, y) in train.items() if len(y)], cfg)
+    users = [u for u, (_, y) in train.items() if len(y)]
+    if not users:
+        raise ProtoflError(f"LEAF data in {cfg.root}: no user holds a training sample "
+                           f"(all {len(train)} users have empty x and y)")
+    users = _pick_users(users, cfg)
     _same_features(cfg.root, users, train, test)
     ys = [train[u][1] for u in users] + ([test[u][1] for u in users if u in test] if test
                                          else [])
     num_classes = int(max(int(y.max()) for y in ys if len(y))) + 1
+    if num_classes > MAX_CLASSES:
+        raise ProtoflError(f"LEAF data in {cfg.root}: a label of {num_classes - 1} implies "
+                           f"{num_classes} classes (0 .. max label); at most {MAX_CLASSES} "
+                           "are supported: number the classes 0, 1, 2, ...")
     return federation_from_users("leaf", num_classes, users, train, test,
                                  lambda x: np.asarray(x, np.float32), cfg)
 
@@ -262,9 +274,16 @@ def femnist_federation(cfg: DataConfig) -> FederatedData:
             continue
         top = np.argsort(-counts, kind="stable")[:m]
         chosen.append((-int(counts[top].sum()), order[u], u, np.sort(top)))
+    if not chosen:
+        raise ProtoflError(f"FEMNIST in {cfg.root}: none of its {len(train)} users holds "
+                           f"samples of {m} of the letters a-j (LEAF labels {FEMNIST_FIRST}-"
+                           f"{FEMNIST_FIRST + len(FEMNIST_LETTERS) - 1}); is it FEMNIST's "
+                           "by-writer LEAF data?")
     if len(chosen) < k:
+        asked = "" if cfg.num_clients else f", the default {FEMNIST_CLIENTS}"
         raise ProtoflError(f"FEMNIST in {cfg.root}: only {len(chosen)} users hold {m} of the "
-                           f"letters a-j, {k} clients asked; lower data.num_clients")
+                           f"letters a-j, {k} clients asked (data.num_clients{asked}); set "
+                           f"data.num_clients to at most {len(chosen)}")
     chosen = sorted(chosen)[:k]
     chosen.sort(key=lambda t: t[1])  # clients in file order
     users = [u for _, _, u, _ in chosen]

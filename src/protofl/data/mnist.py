@@ -81,7 +81,10 @@ def find_idx(root: Path, stem: str) -> Path:
 
 def load_mnist(root: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(x_train, y_train, x_test, y_test): images uint8 (N, H, W), labels int64 in 0..9."""
-    root = Path(root)
+    root = Path(root).expanduser()
+    if root.is_file():
+        raise ProtoflError(f"data.root {root} is a file; MNIST's data.root is the folder that "
+                           f"holds {', '.join(FILES.values())} (plain or .gz)")
     if not root.is_dir():
         raise ProtoflError(f"MNIST folder {root} does not exist")
     out = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -10,6 +11,8 @@ from protofl.config import DataConfig
 from protofl.data import store
 from protofl.data.federated import FederatedData
 from protofl.errors import ProtoflError
+
+log = logging.getLogger("protofl")
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,11 @@ class DatasetSpec:
     task: str = "classification"  # or "segmentation": y holds masks (N, H, W), 255 = void
     augment: str = "none"  # data.augment when the config leaves it null
     model_options: dict = field(default_factory=dict)  # its model's size (e.g. DeepLab width)
+    ignores: tuple[str, ...] = ()  # data.* keys it has no use for (set: a warning)
 
+
+# what a dataset of fixed-size rows read whole has no use for
+VECTORS = ("max_samples", "image_size")
 
 # a DeepLab sized for 48 px images on a CPU (benchmarks/shapes_central.py)
 SHAPES_MODEL = {"width": 0.5, "seg_channels": 64}
@@ -30,19 +37,21 @@ SHAPES_MODEL = {"width": 0.5, "seg_channels": 64}
 DATASETS: dict[str, DatasetSpec] = {
     "synthetic": DatasetSpec("protofl.data.registry:_synthetic", "mlp",
                              "Synthetic(alpha, beta), FedProx recipe, 30 clients (no download)",
-                             needs_files=False),
+                             needs_files=False, ignores=VECTORS),
     "digits": DatasetSpec("protofl.data.digits:digits_federation", "digits_cnn",
                           "scikit-learn's 8x8 handwritten digits, 10 clients (no download)",
-                          needs_files=False, partition="dirichlet"),
+                          needs_files=False, partition="dirichlet", ignores=VECTORS),
     "mnist": DatasetSpec("protofl.data.mnist:mnist_federation", "leaf_cnn",
                          "MNIST from the four IDX files; 1,000 clients, two digits each",
-                         partition="classes"),
+                         partition="classes", ignores=("image_size",)),
     "femnist": DatasetSpec("protofl.data.leaf:femnist_federation", "leaf_cnn",
-                           "FEMNIST (LEAF JSON): letters a-j, 5 classes per client, 200 clients"),
+                           "FEMNIST (LEAF JSON): letters a-j, 5 classes per client, 200 clients",
+                           ignores=VECTORS),
     "celeba": DatasetSpec("protofl.data.leaf:celeba_federation", "celeba_cnn",
                           "CelebA smiling or not (LEAF JSON + images), a client per celebrity"),
     "leaf": DatasetSpec("protofl.data.leaf:leaf_federation", "mlp",
-                        "any LEAF JSON folder of vectors (e.g. the FedProx Synthetic files)"),
+                        "any LEAF JSON folder of vectors (e.g. the FedProx Synthetic files)",
+                        ignores=VECTORS),
     "ham10000": DatasetSpec("protofl.data.medical:ham10000_federation", "resnet18",
                             "HAM10000 dermoscopy: metadata CSV + JPEG folders, 7 classes",
                             partition="dirichlet"),
@@ -160,6 +169,10 @@ def load_dataset(cfg: DataConfig, lean: bool = False) -> FederatedData:
     (``data/store.py``). Without it every split is float32 model inputs in memory.
     """
     spec = dataset_spec(cfg.name)
+    for key in spec.ignores:
+        if getattr(cfg, key) is not None:
+            log.warning("data.%s = %s is ignored: dataset %r does not use it", key,
+                        getattr(cfg, key), cfg.name)
     if spec.needs_files and not cfg.root and cfg.name != "hf":  # hf says what it needs
         raise ProtoflError(f"dataset {cfg.name!r} needs its files: set data.root to their "
                            f"folder{fetch_hint(cfg.name)}")

@@ -9,7 +9,8 @@ The round loop talks to one :class:`Aggregation` and never asks whether the run 
 - ``after_round(record, round)``: figures of the round's release (epsilon), and
   ``stop_reason(round)``: why round ``round`` may not run ("" when it may);
 - ``individual``: whether replies are the clients' own uploads (a metric that reads one
-  client's upload needs it), and ``state_dict`` / ``load_state_dict`` (checkpointed).
+  client's upload needs it), ``noised``: whether the aggregate carries DP noise, and
+  ``state_dict`` / ``load_state_dict`` (checkpointed).
 
 :class:`Plain` is the algorithm's rule over the uploads. Client-level DP and secure sums are
 the layers of ``engine/private.py`` (contributions clipped on the server or computed on the
@@ -33,6 +34,7 @@ class Aggregation:
     """The plain layer: the algorithm's own server rule over the clients' uploads."""
 
     individual = True
+    noised = False  # whether the aggregate carries DP noise (a poor early model by design)
 
     def __init__(self, alg: Algorithm):
         self.alg = alg

@@ -236,12 +236,19 @@ class RunFolder(Callback):
         runfolder.write_json(self.out / runfolder.CONFIG, exp.cfg.to_dict())
 
     def on_round_end(self, exp, record):
-        if exp.evaluating(record["round"]):
-            runfolder.append_metrics(self.out, record)
-        last = exp.round if exp.stopped else exp.cfg.rounds
-        if runfolder.should_checkpoint(exp.round, exp.cfg.checkpoint_every, last):
-            runfolder.save_checkpoint(self.out, exp.snapshot())
-            self.saved = exp.round
+        try:
+            if exp.evaluating(record["round"]):
+                runfolder.append_metrics(self.out, record)
+            last = exp.round if exp.stopped else exp.cfg.rounds
+            if runfolder.should_checkpoint(exp.round, exp.cfg.checkpoint_every, last):
+                runfolder.save_checkpoint(self.out, {**exp.snapshot(),
+                                                     "algorithm": exp.alg.name})
+                self.saved = exp.round
+        except ProtoflError as e:  # a full disk: say what the folder keeps
+            kept = (f"its checkpoint of round {self.saved} is intact: free space, then "
+                    f"`protofl run --resume {self.out}`" if self.saved else
+                    "it has no checkpoint yet")
+            raise ProtoflError(f"{e}; the run stopped, {kept}") from None
 
     def on_run_end(self, exp, summary):
         runfolder.write_json(self.out / runfolder.SUMMARY, summary)

@@ -19,6 +19,7 @@ from protofl.data.federated import FederatedData
 from protofl.engine import runfolder
 from protofl.engine.aggregation import Aggregation, stack
 from protofl.engine.callbacks import Callback, load_callback, metric_callbacks
+from protofl.engine.divergence import check_loss, remedy
 from protofl.engine.federation import Federation, build
 from protofl.engine.parallel import choose_trainer
 from protofl.engine.schedule import assign_work, sample_clients
@@ -106,7 +107,7 @@ class Experiment:
         results, rejected = self.screen(trained, t)
         if trained and all(not math.isfinite(r.loss) for r in trained):
             raise Diverged(f"round {t}: local training diverged on every client (training "
-                           "loss NaN/Inf), so the run stopped; lower clients.lr")
+                           f"loss NaN/Inf), so the run stopped; {remedy(c)}")
         for r in results:  # uploads meet the server state on its device; states wait on the CPU
             r.upload, r.state = devices.to_device(r.upload, self.server), devices.to_host(r.state)
         record: dict = {"round": t, "clients": [r.client for r in results],
@@ -123,7 +124,7 @@ class Experiment:
                       if isinstance(v, torch.Tensor) and v.is_floating_point()]
             if finite and not bool(torch.stack(finite).all()):  # one device sync, not one each
                 raise Diverged(f"round {t}: the global model became NaN/Inf from finite "
-                               "client updates, so the run stopped; lower clients.lr")
+                               f"client updates, so the run stopped; {remedy(c)}")
             record.update(diag)
             record["client_loss"] = float(np.mean([r.loss for r in results]))
         self.aggregation.after_round(record, t)
@@ -135,6 +136,7 @@ class Experiment:
         if self.evaluating(t):
             for cb in self.callbacks:
                 cb.on_evaluate(self, record)
+            check_loss(record, data.num_classes, c, self.aggregation.noised)
         self.elapsed += time.perf_counter() - start
         record["seconds"] = round(self.elapsed, 4)
         if "accuracy" in record:

@@ -56,8 +56,14 @@ def usable_cores() -> int:
 
 
 def resolve_workers(workers: int | None) -> int:
-    """``workers: auto`` (None) is every usable core."""
-    return workers or usable_cores()
+    """``workers: auto`` (None) is every usable core; more than that is capped to it, with a
+    warning (a process per job beyond the cores only thrashes the machine)."""
+    cores = usable_cores()
+    if workers and workers > cores:
+        log.warning("workers = %d exceeds the %d usable CPU cores; using %d", workers, cores,
+                    cores)
+        return cores
+    return workers or cores
 
 
 def may_start_processes() -> bool:

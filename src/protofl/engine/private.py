@@ -29,7 +29,7 @@ from protofl.engine.aggregation import Aggregation
 from protofl.errors import ProtoflError
 from protofl.nested import flatten
 from protofl.privacy.accountant import Accountant, Budget
-from protofl.privacy.contrib import SumForm, SumSettings
+from protofl.privacy.contrib import SumForm, SumSettings, check_secure_range
 from protofl.seeding import CLIENT_NOISE, NOISE, torch_gen
 
 if TYPE_CHECKING:
@@ -128,6 +128,10 @@ class Layer(Aggregation):
     def individual(self) -> bool:
         return self.inner.individual
 
+    @property
+    def noised(self) -> bool:
+        return self.inner.noised
+
     def client_hook(self, noise_seed: int | None = None):
         return self.inner.client_hook(noise_seed)
 
@@ -181,9 +185,10 @@ class ClientContributions(Layer):
     """Each client computes its contribution (with its share of the noise under client-side
     DP) before the upload leaves it; the replies are contributions."""
 
-    def __init__(self, inner: SumOfContributions, seed: int):
+    def __init__(self, inner: SumOfContributions, seed: int, secure_range: float | None):
         super().__init__(inner)
         self.seed = seed
+        self.secure_range = secure_range  # secure sums: what SecAgg+ can carry
 
     def client_hook(self, noise_seed: int | None = None
                     ) -> Callable[[RoundContext, int, Tensors], Tensors]:
@@ -194,7 +199,10 @@ class ClientContributions(Layer):
 
         def contribute(rc: RoundContext, client: int, upload: Tensors) -> Tensors:
             gen = torch_gen(seed, CLIENT_NOISE, rc.round, client) if noise else None
-            return self.form.contribution(upload, rc.broadcast, None, gen)[0]
+            out = self.form.contribution(upload, rc.broadcast, None, gen)[0]
+            if self.secure_range is not None:
+                check_secure_range(out, self.form.spec(), self.secure_range, client)
+            return out
         return contribute
 
 
@@ -219,6 +227,10 @@ class Accounting(Layer):
     def epsilon(self) -> float:
         """Epsilon at ``delta`` after the rounds so far."""
         return self.accountant.epsilon_of(self.multipliers)
+
+    @property
+    def noised(self) -> bool:
+        return True
 
     def stop_reason(self, round):
         """"privacy budget" when round ``round`` would exceed it (at full noise)."""
@@ -246,8 +258,8 @@ def layers(cfg: Config, alg: Algorithm, num_clients: int, state: Tensors) -> Agg
     form = SumForm(alg, flatten(alg.broadcast(state)), settings)
     core = SumOfContributions(alg, form, ServerNoise(form, cfg.seed)
                               if dp and not client_noise else None)
-    outer: Layer = (ClientContributions(core, cfg.seed) if p.secagg or client_noise
-                    else ServerContributions(core, dp))
+    outer: Layer = (ClientContributions(core, cfg.seed, p.secagg_range if p.secagg else None)
+                    if p.secagg or client_noise else ServerContributions(core, dp))
     if not dp:
         return outer
     if form.multiplier() < MIN_MULTIPLIER:

@@ -52,12 +52,19 @@ def json_safe(obj: Any) -> Any:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all: a failed write (a full disk) leaves the file as it
+    was, and is one ProtoflError line."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        was = "is kept as it was" if path.exists() else "was not written"
+        raise ProtoflError(f"cannot write {path}: {e.strerror or e}; {path.name} {was}") from None
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -186,9 +193,15 @@ class Metrics(NamedTuple):
 
 
 def append_metrics(out: Path, record: dict) -> None:
-    with open(out / METRICS, "a") as f:
-        f.write(json.dumps(json_safe(record)) + "\n")
-        f.flush()
+    """One line more in ``metrics.jsonl``; a failed write (a full disk) is one ProtoflError
+    line, and what the line tore is dropped when the file is read."""
+    try:
+        with open(out / METRICS, "a") as f:
+            f.write(json.dumps(json_safe(record)) + "\n")
+            f.flush()
+    except OSError as e:
+        raise ProtoflError(f"cannot append round {record.get('round')} to {out / METRICS}: "
+                           f"{e.strerror or e}; the rounds before it are kept") from None
 
 
 def read_metrics_checked(folder: Path) -> Metrics:
@@ -301,6 +314,37 @@ def load_checkpoint(out: Path) -> dict:
     if not isinstance(payload, dict):
         raise ProtoflError(f"{path} does not hold a protofl checkpoint")
     return payload
+
+
+def check_resumable(out: Path, snap: dict, algorithm: str, state: dict) -> None:
+    """Refuse, before any round, a checkpoint that is not the configured run's: written by
+    another algorithm, or (checkpoints without the name) a state that lacks an entry of
+    ``state`` (the configured run's fresh one) or holds a tensor of another shape."""
+    saved = snap.get("algorithm")
+    if saved is not None and saved != algorithm:
+        raise ProtoflError(f"{out}: its checkpoint is a {saved} run's but config.json "
+                           f"configures {algorithm}; it cannot be resumed as it is")
+    if not isinstance(snap.get("state"), dict) or not isinstance(snap.get("round"), int):
+        raise ProtoflError(f"{out / CHECKPOINT} does not hold a protofl checkpoint")
+    want, have = _shapes(state), _shapes(snap["state"])
+    key = [k for k in want if k not in have or (isinstance(want[k], tuple)
+                                                and isinstance(have[k], tuple)
+                                                and want[k] != have[k])]
+    if key:
+        raise ProtoflError(f"{out}: its checkpoint does not match config.json's {algorithm} "
+                           f"run (state entry {key[0]!r} differs); it cannot be resumed")
+
+
+def _shapes(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Every leaf of a nested state: tensors by shape, other values by type."""
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for k, v in tree.items():
+            out.update(_shapes(v, f"{prefix}{k}."))
+        return out
+    if isinstance(tree, torch.Tensor):
+        return {prefix[:-1]: tuple(tree.shape)}
+    return {prefix[:-1]: type(tree).__name__}
 
 
 def load_config_json(out: Path) -> dict:

@@ -20,6 +20,7 @@ from protofl.flower.client_app import train_job
 from protofl.flower.records import tree_from_arrays, tree_to_records
 from protofl.flower.setup import Node
 from protofl.nested import flatten
+from protofl.privacy.contrib import check_secure_range
 
 NOISE_SEED = "noise-seed"  # node-config key: this node's secret seed for its DP noise
 
@@ -57,15 +58,10 @@ def fit(msg: Message, context: Context) -> Message:
     if result.state:
         tree_to_records(result.state, key, context.state)
     reach = b.fed.spec.privacy.secagg_range
+    check_secure_range(result.upload, b.aggregation.reply_spec(), reach, result.client)
     flat = flatten(result.upload)
-    arrays = []
-    for name in b.aggregation.reply_spec():
-        a = flat[name].detach().to("cpu", torch.float64).numpy()
-        if not np.isfinite(a).all() or (a.size and np.abs(a).max() > reach):
-            top = float(np.abs(a).max()) if np.isfinite(a).all() else math.nan
-            raise ProtoflError(f"client {result.client}: contribution {name!r} reaches {top:.4g}, "
-                               f"outside privacy.secagg_range = {reach:g}; raise it")
-        arrays.append(np.ascontiguousarray(a))
+    arrays = [np.ascontiguousarray(flat[name].detach().to("cpu", torch.float64).numpy())
+              for name in b.aggregation.reply_spec()]
     arrays.append(np.array([min(max(result.loss, -reach), reach)]))
     res = FitRes(Status(Code.OK, "ok"), ndarrays_to_parameters(arrays), 1, {})
     return Message(compat.fitres_to_recorddict(res, keep_input=False), reply_to=msg)

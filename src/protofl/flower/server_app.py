@@ -30,12 +30,14 @@ import logging
 import re
 import time
 from collections.abc import Sequence
+from logging import ERROR, INFO
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
 from protofl.api import folder_callbacks
@@ -50,6 +52,7 @@ from protofl.flower.records import tree_from_records, tree_to_records
 from protofl.flower.setup import OUT, check_partitions, config_from_run
 from protofl.metrics.sites import SiteScore, pooled_figures
 from protofl.nested import flatten
+from protofl.report.runs import summary_line
 
 log = logging.getLogger("protofl.flower")
 
@@ -382,16 +385,30 @@ def make_server_app(cfg: Config | None = None, out: Path | None = None,
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        rc = context.run_config
+        exp = serve(grid, context, cfg, out, callbacks)
+        if on_finish is not None:
+            on_finish(exp)
+
+    return app
+
+
+def serve(grid: Grid, context: Context, cfg: Config | None = None, out: Path | None = None,
+          callbacks: Sequence[Callback] = ()) -> Experiment:
+    """The ServerApp's work: the run its run config (or ``cfg``) names, on ``grid``. Its
+    result is logged as one line; a ProtoflError is logged as one line before it propagates
+    (Flower then logs its traceback and marks the run failed)."""
+    rc = context.run_config
+    try:
         run_cfg = cfg if cfg is not None else config_from_run(rc)
         folder = out if out is not None or not rc.get(OUT) else Path(str(rc[OUT]))
         exp = run_on_grid(run_cfg, grid, folder, float(rc.get(ROUND_TIMEOUT, 600.0)),
                           float(rc.get(NODE_WAIT, 120.0)), resume_flag(rc.get(RESUME, False)),
                           callbacks)
-        if on_finish is not None:
-            on_finish(exp)
-
-    return app
+    except ProtoflError as e:
+        flwr_log(ERROR, "protofl: error: %s", e)
+        raise
+    flwr_log(INFO, "protofl: %s", summary_line(exp.summary(), folder))
+    return exp
 
 
 def resume_flag(value: Any) -> bool:

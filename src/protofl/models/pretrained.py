@@ -3,6 +3,7 @@ checks every encoder that loads one shares."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
@@ -18,8 +19,14 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         raise ProtoflError(f"model.pretrained: no file at {p}")
     try:
         source = torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # torch's advice to load with weights_only=False: no
+        raise ProtoflError(f"model.pretrained: {p} holds pickled objects besides tensors, "
+                           "which protofl does not load (loading them could run code); save "
+                           "the weights alone: torch.save(model.state_dict(), path)") from None
     except Exception as e:  # noqa: BLE001 - any unreadable file is the user's input problem
-        raise ProtoflError(f"model.pretrained: {p} is not a readable state_dict ({e})") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ProtoflError(f"model.pretrained: {p} is not a readable state_dict "
+                           f"({first})") from None
     if isinstance(source, dict) and isinstance(source.get("state_dict"), dict):
         source = source["state_dict"]
     if not isinstance(source, dict):

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from protofl.algorithms.base import Algorithm, Tensors, UploadEntry
+from protofl.errors import ProtoflError
 from protofl.nested import flatten, unflatten
 from protofl.privacy.clip import class_fractions, clip, clip_prototypes, l2_norm
 from protofl.privacy.noise import client_noise_std, distributed_multiplier, effective_multiplier
@@ -235,3 +236,16 @@ class SumForm:
         for k in self.ones:
             est[k] = torch.tensor(1.0, dtype=self.dtypes[k], device=device)
         return unflatten(est)
+
+
+def check_secure_range(contribution: Tensors, names, reach: float, client: int) -> None:
+    """SecAgg+ quantizes every contribution entry within ±``privacy.secagg_range``: a
+    client refuses to send one outside it (or non-finite), in the simulator as on Flower."""
+    flat = flatten(contribution)
+    for name in names:
+        a = flat[name].detach().to("cpu", F64)
+        top = float(a.abs().max()) if a.numel() else 0.0
+        if not bool(torch.isfinite(a).all()) or top > reach:
+            top = top if bool(torch.isfinite(a).all()) else float("nan")
+            raise ProtoflError(f"client {client}: contribution {name!r} reaches {top:.4g}, "
+                               f"outside privacy.secagg_range = {reach:g}; raise it")

@@ -17,7 +17,7 @@ th:first-child,td:first-child{text-align:left}thead th{background:#f4f4f4}
 .toggles label{cursor:pointer;user-select:none}
 .grid{display:flex;flex-wrap:wrap;gap:10px}
 figure{margin:0}figure svg{max-width:100%;height:auto}
-figure.curve svg{width:400px}figure.cm svg{width:330px}
+figure.curve svg{width:400px}figure.cm svg{width:100%}
 figure.wide svg{width:auto;max-width:100%}
 img.png{max-width:100%}
 #tip{position:fixed;pointer-events:none;background:#fff;border:1px solid #999;

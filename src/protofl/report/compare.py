@@ -16,7 +16,7 @@ from protofl.errors import ProtoflError
 from protofl.metrics.mmd import ffd
 from protofl.nested import flatten
 from protofl.report import outputs
-from protofl.report.labels import COLUMNS, LEGEND, headers, row_labels, setting_caption
+from protofl.report.labels import COLUMNS, LEGEND, headers, mix_note, row_labels, setting_caption
 from protofl.report.plots import plot_groups, plot_weights
 
 log = logging.getLogger("protofl")
@@ -108,9 +108,10 @@ def natural_key(text: str) -> list:
 
 def make_tables(runs: list[dict]) -> list[Table]:
     """Runs grouped by dataset (a table each, in natural order of their labels) and,
-    within, by label (a row each)."""
+    within, by label (a row each; rows in the natural order of their first run's folder, so
+    ``compare``, a suite's table.md and ``report`` list the methods alike)."""
     by_ds: dict[str, list[dict]] = {}
-    for r in runs:
+    for r in sorted(runs, key=lambda r: natural_key(str(r["folder"]))):
         by_ds.setdefault(dataset_label(r), []).append(r)
     tables = []
     for ds, every in sorted(by_ds.items(), key=lambda item: natural_key(item[0])):
@@ -131,6 +132,8 @@ def make_tables(runs: list[dict]) -> list[Table]:
         caption = setting_caption([flatten(r["config"]) for r in described],
                                   [r["summary"] for r in described],
                                   [_clients(r) for r in described])
+        caption += mix_note({row.label: [r["summary"] for r in row.runs]
+                             for row in rows.values()})
         if fed and central:
             caption += ("; central: one client holding all the training data, as many SGD "
                         "steps per round as a federated round's expected")
@@ -300,6 +303,10 @@ def compare(folders: list[Path], out: Path | None = None, *, overwrite: bool = F
                 plot_weights, groups, t)
     outputs.check_targets([out, out.with_suffix(".json"), *pngs],
                           [r["folder"] for r in runs], overwrite)
+    if out.with_suffix(".json").name in runfolder.ARTEFACTS:
+        raise ProtoflError(f"--out {out}: its numbers would go to {out.with_suffix('.json')}, "
+                           "the name of a run folder's file (its folder would look like a "
+                           "run); name the table otherwise, e.g. table.md")
     outputs.writable(out)
     outputs.write_text(out, text + "\n")
     outputs.write_json(out.with_suffix(".json"), data)

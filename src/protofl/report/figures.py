@@ -87,10 +87,11 @@ def ffd_band(rows_of: dict[str, list[list[dict]]], reference: str
 
 
 def curve_svg(series: dict[int, tuple[str, tuple[list, list, list]]], title: str, prefix: str,
-              log: bool = False) -> tuple[str, dict]:
-    """One axis: a line per series (mean) with a ±1 std band. ``series``: index -> (name,
-    band); the index fixes the colour and the ``series-<i>`` class. Returns the SVG and the
-    numbers for hover values."""
+              log: bool = False, legend: bool = False) -> tuple[str, dict]:
+    """One axis: a line per series (mean) with a ±1 std band, and with ``legend`` the
+    series' names (a figure away from the page's method toggles). ``series``: index ->
+    (name, band); the index fixes the colour and the ``series-<i>`` class. Returns the SVG
+    and the numbers for hover values."""
     with svg.style():
         fig, ax = subplots(figsize=(4.6, 3.0), layout="constrained")
         for i, (name, (x, m, s)) in series.items():
@@ -108,6 +109,8 @@ def curve_svg(series: dict[int, tuple[str, tuple[list, list, list]]], title: str
         ax.set_title(title)
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
+        if legend and series:
+            ax.legend(fontsize=7, loc="best")
         text = svg.to_svg(fig, prefix)
         meta = {"box": svg.axes_box(fig, ax), "xlim": [float(v) for v in ax.get_xlim()],
                 "title": title,

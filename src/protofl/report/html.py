@@ -19,8 +19,10 @@ from protofl.report.compare import (
     ffd_cell,
     fmt,
     pearson_text,
+    segmentation,
     table_data,
 )
+from protofl.report.plots import confusion_inches
 from protofl.report.sections import Section
 
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
@@ -97,9 +99,10 @@ def curves(page: Page, t: Table) -> str:
     return html
 
 
-def _curve(page: Page, series: dict, title: str, log: bool = False) -> str:
+def _curve(page: Page, series: dict, title: str, log: bool = False,
+           legend: bool = False) -> str:
     fid = page.uid("f")
-    svg, meta = figures.curve_svg(series, title, fid, log)
+    svg, meta = figures.curve_svg(series, title, fid, log, legend)
     colors = "".join(f' data-color-{i}="{figures.color(i)}"' for i in series)
     return (f'<figure class="curve" id="{fid}" data-meta="{escape(json.dumps(meta))}"'
             f"{colors}>{svg}</figure>")
@@ -122,7 +125,7 @@ def ffd_curve(page: Page, t: Table) -> str:
     html = "".join(f'<p class="note">{n}</p>' for n in notes)
     if bands:
         html += _curve(page, {index[k]: (k, b) for k, b in bands.items()},
-                       f"FFD vs {REFERENCE} (%)")
+                       f"FFD vs {REFERENCE} (%)", legend=True)
     return html
 
 
@@ -177,7 +180,8 @@ def confusion(page: Page, t: Table) -> str:
         if ms:
             svg = figures.confusion_svg(sum(ms), f"{row.label} ({len(ms)} seeds)",
                                         page.uid("f"))
-            parts.append(f'<figure class="cm">{svg}</figure>')
+            width = round(confusion_inches(len(ms[0])) * 72)  # 1 pt = 1 px: text as set
+            parts.append(f'<figure class="cm" style="width:{width}px">{svg}</figure>')
     if not parts:
         return '<p class="note">Not recorded: no confusion matrix or segmentation figure.</p>'
     return ('<p class="muted">Final round, counts summed over seeds, colours normalised per '
@@ -213,7 +217,8 @@ def table_block(page: Page, t: Table) -> None:
              curves(page, t),
              "<h4>Aggregation weights against FedAvg's</h4>", weights(page, t),
              "<h4>Partition statistics</h4>", partition(t),
-             "<h4>Confusion matrices or segmentation</h4>", confusion(page, t),
+             f"<h4>{'Segmentation' if segmentation(t) else 'Confusion matrices'}</h4>",
+             confusion(page, t),
              "<h4>Runs and their resolved configs</h4>", configs(t), "</section>")
 
 

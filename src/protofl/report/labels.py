@@ -180,3 +180,23 @@ def setting_caption(flats: list[dict], summaries: list[dict], clients: list[int 
     seeds = sorted({s.get("seed") for s in summaries if s.get("seed") is not None})
     return (", ".join(parts) + f"; seeds {', '.join(map(str, seeds))}; "
             "the final round, mean ± std over seeds")
+
+
+def mix_note(rows: dict[str, list[dict]]) -> str:
+    """What a caption must add when a table's rows are not alike: ``; the rows mix runs:
+    fedavg: seed 0 (5 rounds), seed 1 (3 rounds); fedproto: seed 0 (5 rounds)`` when the runs
+    differ in rounds, or each row's seeds when the rows have different seeds ('' else)."""
+    every = [s for summaries in rows.values() for s in summaries]
+    by_rounds = len({s.get("rounds") for s in every}) > 1
+    seed_sets = {tuple(sorted(str(s.get("seed")) for s in ss)) for ss in rows.values()}
+    if not by_rounds and len(seed_sets) <= 1:
+        return ""
+    parts = []
+    for label, summaries in rows.items():
+        runs = sorted(summaries, key=lambda s: str(s.get("seed")))
+        if by_rounds:
+            parts.append(f"{label}: " + ", ".join(f"seed {s.get('seed')} ({s.get('rounds')} "
+                                                  "rounds)" for s in runs))
+        else:
+            parts.append(f"{label}: seed " + ", ".join(str(s.get("seed")) for s in runs))
+    return "; the rows mix runs: " + "; ".join(parts)

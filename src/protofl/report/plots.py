@@ -53,17 +53,25 @@ def plot_run(folder: Path) -> None:
                            f"{summary.get('algorithm')} on {summary.get('dataset')}")
 
 
+def confusion_inches(classes: int) -> float:
+    """The side of a confusion figure: 0.45 in (32 pt) per class and 2 in of labels."""
+    return max(4.0, 0.45 * classes + 2)
+
+
 def confusion_figure(m: np.ndarray, title: str = "", names: list[str] | None = None):
-    """Row-normalised confusion matrix with the counts in the cells."""
+    """Row-normalised confusion matrix with the counts in the cells (11 pt up to 10 classes,
+    9 pt up to 20: four digits fit a 32 pt cell; drawn at its natural size they are as many
+    pixels tall)."""
     rows = m.sum(1, keepdims=True)
     norm = np.divide(m, rows, out=np.zeros(m.shape, dtype=float), where=rows > 0)
-    size = max(4.0, 0.45 * len(m) + 2)
+    size = confusion_inches(len(m))
     fig, ax = subplots(figsize=(size, size))
     ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
     if len(m) <= 20:
         for i in range(len(m)):
             for j in range(len(m)):
-                ax.text(j, i, str(m[i, j]), ha="center", va="center", fontsize=7,
+                ax.text(j, i, str(m[i, j]), ha="center", va="center",
+                        fontsize=11 if len(m) <= 10 else 9,
                         color="white" if norm[i, j] > 0.5 else "black")
     ticks = names or [str(i) for i in range(len(m))]
     ax.set_xticks(range(len(m)), ticks, rotation=90)

@@ -22,3 +22,17 @@ def restored(folder: Path) -> Experiment:
     exp = Experiment(config_from_dict(runfolder.load_config_json(folder)))
     exp.restore(runfolder.load_checkpoint(folder))
     return exp
+
+
+def summary_line(summary: dict, out: Path | None = None) -> str:
+    """A finished run in one line: ``fedmargin on digits, 40 rounds: accuracy 0.73, ...
+    (15.0 s) -> OUT`` (what ``protofl run`` and the Flower ServerApp print at the end)."""
+    figures = ", ".join(f"{k} {summary[k]:.4f}" for k in ("miou", "accuracy", "loss",
+                                                          "local_accuracy")
+                        if isinstance(summary.get(k), float))
+    if isinstance(summary.get("epsilon"), float):
+        figures += f", epsilon {summary['epsilon']:.3g}"
+    stopped = f", stopped early: {summary['stopped']}" if summary.get("stopped") else ""
+    where = f" -> {out}" if out is not None else ""
+    return (f"{summary['algorithm']} on {summary['dataset']}, {summary['rounds']} rounds: "
+            f"{figures} ({summary['seconds']:.1f} s{stopped}){where}")

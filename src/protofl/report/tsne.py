@@ -19,6 +19,7 @@ from protofl.report.runs import restored
 
 BACKGROUND = 0
 POOL = 4  # pixels gathered per pixel drawn, before the uniform draw
+MIN_SAMPLES = 3  # t-SNE's perplexity (at least 2) must stay below the number of points
 
 
 def pixel_features(model, weights: Tensors, data: FederatedData, samples: int, seed: int
@@ -54,7 +55,9 @@ def tsne_plot(folder: Path, samples: int = 1000, seed: int = 0) -> Path:
     ``folder/tsne.png``."""
     from sklearn.manifold import TSNE
 
-    folder = Path(folder)
+    if samples < MIN_SAMPLES:
+        raise ProtoflError(f"--samples {samples}: t-SNE needs at least {MIN_SAMPLES} samples")
+    folder = Path(folder).expanduser()
     exp = restored(folder)
     weights = exp.alg.global_weights(exp.state)
     if weights is None:
@@ -70,6 +73,9 @@ def tsne_plot(folder: Path, samples: int = 1000, seed: int = 0) -> Path:
         z = features(exp.alg.model, weights["params"], weights["buffers"],
                      data.inputs(x[torch.from_numpy(pick)]))
         labels = y[pick].numpy()
+    if len(labels) < MIN_SAMPLES:
+        raise ProtoflError(f"{data.name}: only {len(labels)} test points to embed; t-SNE needs "
+                           f"at least {MIN_SAMPLES}")
     emb = TSNE(2, init="pca", random_state=seed,
                perplexity=min(30.0, max(2.0, len(labels) / 4))).fit_transform(z.numpy())
     fig, ax = subplots(figsize=(6, 6))

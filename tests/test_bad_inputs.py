@@ -1,0 +1,451 @@
+"""Bad and edge inputs a new user tries (issue 23, items 5 and 6): each gets one clear line and
+exit code 2 (3 for a diverged run) or the documented behaviour, never a traceback; nothing
+already written is lost. Every run here is one or two rounds of a few tiny clients."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import math
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fakeruns import make_run
+
+from protofl.cli import main
+from protofl.config import ClientConfig, DataConfig, apply_set, load_raw
+from protofl.data import fetch as F
+from protofl.data.leaf import write_leaf
+from protofl.data.registry import load_dataset
+from protofl.data.sources import SOURCES, DataSource, FileSource
+from protofl.engine import parallel, runfolder
+from protofl.errors import Diverged, ProtoflError
+from protofl.models.pretrained import read_state_dict
+from protofl.report.compare import compare, load_runs, make_tables
+
+# a one- or two-round run of three tiny clients on Synthetic(1,1)
+TINY = ["--set", "data.num_clients=3", "--set", "clients.per_round=2", "--set",
+        "clients.local_steps=1", "--set", "clients.batch_size=8", "--set",
+        "metrics.dissimilarity_clients=0", "--set", "metrics.train_loss_samples=20",
+        "--set", "threads=1", "-q"]
+
+
+def cli(capsys, *args: str) -> tuple[int, str]:
+    """``protofl ARGS``: the exit code and the error line (asserted to be the only one)."""
+    code = main(list(args))
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("protofl: error:")]
+    if code:
+        assert len(lines) == 1, err
+        return code, lines[0]
+    return code, ""
+
+
+def tiny_run(capsys, out: Path, *extra: str) -> None:
+    code, line = cli(capsys, "run", "--rounds", "1", "--out", str(out), *TINY, *extra)
+    assert code == 0, line
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """One finished one-round fedavg run folder (with its checkpoint)."""
+    out = tmp_path_factory.mktemp("runs") / "fedavg"
+    assert main(["run", "--algorithm", "fedavg", "--rounds", "1", "--out", str(out),
+                 *TINY]) == 0
+    return out
+
+
+MAX_CLASSES = 100_000  # data/leaf.py's documented cap
+
+# ---- item 5: input that exhausts the machine ----
+
+def test_workers_above_the_usable_cores_are_capped_with_a_warning(monkeypatch, caplog):
+    monkeypatch.setattr(parallel, "usable_cores", lambda: 2)
+    with caplog.at_level(logging.WARNING, "protofl"):
+        assert parallel.resolve_workers(1000) == 2
+    assert "workers = 1000 exceeds the 2 usable CPU cores; using 2" in caplog.text
+    assert parallel.resolve_workers(None) == 2 and parallel.resolve_workers(1) == 1
+
+
+def leaf_folder(root: Path, ys: list[list[int]]) -> Path:
+    xs = [np.zeros((len(y), 3), np.float32) for y in ys]
+    write_leaf(root / "train", [f"u{i}" for i in range(len(ys))], xs, ys)
+    return root
+
+
+def test_leaf_labels_implying_a_huge_class_count_are_refused(tmp_path):
+    leaf_folder(tmp_path, [[0, 1], [MAX_CLASSES, 2]])  # labels 0..100000: 100001 classes
+    with pytest.raises(ProtoflError, match="implies 100001 classes.*at most 100000"):
+        load_dataset(DataConfig(name="leaf", root=str(tmp_path)))
+    leaf_folder(tmp_path, [[0, 1], [MAX_CLASSES - 1, 2]])
+    assert load_dataset(DataConfig(name="leaf", root=str(tmp_path))).num_classes == MAX_CLASSES
+
+
+def test_leaf_label_of_two_billion_is_one_line_before_any_allocation(tmp_path, capsys):
+    leaf_folder(tmp_path / "d", [[0, 1], [2 * 10**9, 2], [1, 0]])
+    code, line = cli(capsys, "run", "--dataset", "leaf", "--set", f"data.root={tmp_path / 'd'}",
+                     "--out", str(tmp_path / "run"), *TINY)
+    assert code == 2 and "2000000001 classes" in line
+
+
+def test_leaf_users_without_samples_are_one_line(tmp_path, capsys):
+    leaf_folder(tmp_path / "d", [[], [], []])
+    code, line = cli(capsys, "run", "--dataset", "leaf", "--set", f"data.root={tmp_path / 'd'}",
+                     "--out", str(tmp_path / "run"), *TINY)
+    assert code == 2 and "no user holds a training sample" in line
+
+
+# ---- item 6: tracebacks ----
+
+def test_resume_with_another_algorithms_checkpoint_is_refused_up_front(tmp_path, capsys,
+                                                                         finished):
+    other = tmp_path / "fedproto"
+    tiny_run(capsys, other, "--algorithm", "fedproto", "--set", "rounds=2",
+             "--set", "checkpoint_every=1")
+    (other / "summary.json").unlink()  # as if killed after round 1... with a foreign file:
+    shutil.copy(finished / runfolder.CHECKPOINT, other / runfolder.CHECKPOINT)
+    before = (other / runfolder.METRICS).read_text()
+    code, line = cli(capsys, "run", "--resume", str(other), "-q")
+    assert code == 2 and "checkpoint is a fedavg run's" in line and "fedproto" in line
+    # a checkpoint written before the algorithm was recorded: its state's entries tell
+    snap = runfolder.load_checkpoint(finished)
+    del snap["algorithm"]
+    runfolder.save_checkpoint(other, snap)
+    code, line = cli(capsys, "run", "--resume", str(other), "-q")
+    assert code == 2 and "does not match config.json's fedproto run" in line
+    assert (other / runfolder.METRICS).read_text() == before  # no round was trained
+
+
+def test_a_full_disk_while_checkpointing_is_one_line_and_loses_nothing(tmp_path, capsys,
+                                                                       monkeypatch):
+    real = os.fsync
+    writes = []
+
+    def fsync(fd):  # the second checkpoint write finds the disk full
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(runfolder.CHECKPOINT + ".tmp"):
+            writes.append(fd)
+            if len(writes) == 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd)
+
+    if not Path("/proc/self/fd").is_dir():
+        pytest.skip("needs /proc to tell the files apart")
+    monkeypatch.setattr(os, "fsync", fsync)
+    out = tmp_path / "run"
+    code, line = cli(capsys, "run", "--rounds", "2", "--set", "checkpoint_every=1",
+                     "--out", str(out), *TINY)
+    assert code == 2 and "No space left on device" in line
+    assert "checkpoint of round 1 is intact" in line and f"--resume {out}" in line
+    assert runfolder.load_checkpoint(out)["round"] == 1
+    assert not list(out.glob("*.tmp"))
+    monkeypatch.setattr(os, "fsync", real)  # space freed: the run resumes and ends
+    assert cli(capsys, "run", "--resume", str(out), "-q")[0] == 0
+    assert [r["round"] for r in runfolder.read_metrics(out)] == [1, 2]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--seeds", "a,b"], "--seeds 'a,b': expected comma-separated integers"),
+    (["--seeds", "0,0"], "a seed is given twice"),
+    (["--jobs", "0"], "--jobs 0: give at least 1"),
+    (["--jobs", "-1"], "--jobs -1: give at least 1")])
+def test_suite_seeds_and_jobs_are_checked(tmp_path, capsys, monkeypatch, argv, says):
+    import protofl.suites
+
+    monkeypatch.setattr(protofl.suites, "run_suite", lambda *a, **k: "ran")  # never runs
+    code, line = cli(capsys, "suite", "main", "--out", str(tmp_path / "s"), *argv)
+    assert code == 2 and says in line
+
+
+@pytest.mark.parametrize("samples", ["0", "-5", "2"])
+def test_tsne_samples_below_three_are_refused(finished, capsys, samples):
+    code, line = cli(capsys, "tsne", str(finished), "--samples", samples)
+    assert code == 2 and "t-SNE needs at least 3 samples" in line
+    assert not (finished / "tsne.png").exists()
+
+
+def test_a_pickled_pretrained_file_is_one_line_without_torchs_advice(tmp_path):
+    torch.save(torch.nn.Linear(2, 2), tmp_path / "model.pt")  # a whole module: pickled code
+    with pytest.raises(ProtoflError) as e:
+        read_state_dict(tmp_path / "model.pt")
+    text = str(e.value)
+    assert "\n" not in text and "weights_only" not in text
+    assert "pickled objects besides tensors" in text and "state_dict()" in text
+
+
+# ---- item 6: silent wrong results ----
+
+def test_the_explosion_bound_is_100_times_the_uniform_cross_entropy():
+    from protofl.engine.divergence import check_loss, explosion_bound
+
+    assert explosion_bound(10) == pytest.approx(100 * 2.302585093)  # 100 ln 10
+    c = ClientConfig(lr=0.01, weight_decay=0.0)
+    check_loss({"round": 1, "loss": 230.0}, 10, c)  # below: nothing
+    check_loss({"round": 1, "loss": float("nan")}, 10, c)  # NaN is the NaN checks' business
+    check_loss({"round": 1, "loss": 1e9}, 10, c, noised=True)  # DP noise: off
+    with pytest.raises(Diverged, match=r"round 3: the train loss .* exploded to 231"):
+        check_loss({"round": 3, "loss": 2.0, "train_loss": 231.0}, 10, c)
+    with pytest.raises(Diverged, match="exploded to inf"):
+        check_loss({"round": 1, "loss": math.inf}, 2, c)
+
+
+def test_the_remedy_names_the_weight_decay_when_it_is_the_cause():
+    from protofl.engine.divergence import remedy
+
+    assert remedy(ClientConfig(lr=0.05, weight_decay=0.0)) == "lower clients.lr (now 0.05)"
+    assert remedy(ClientConfig(lr=0.01, weight_decay=5e-4)).startswith("lower clients.lr")
+    text = remedy(ClientConfig(lr=0.01, weight_decay=1e30))
+    assert text.startswith("clients.weight_decay = 1e+30 is the likely cause") and "lr" in text
+    assert "weight_decay" in remedy(ClientConfig(lr=0.01, weight_decay=200.0))  # lr·wd = 2
+
+
+def test_a_loss_that_explodes_without_nan_stops_the_run_with_exit_3(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, line = cli(capsys, "run", "--rounds", "2", "--set", "clients.lr=1e6",
+                     "--out", str(out), *TINY)
+    assert code == 3 and "round 1: the loss of the aggregate model exploded" in line
+    assert "has no checkpoint yet" in line
+    assert not (out / runfolder.SUMMARY).exists()
+
+
+def test_a_huge_weight_decay_is_named_as_the_cause(tmp_path, capsys):
+    code, line = cli(capsys, "run", "--rounds", "2", "--set", "clients.weight_decay=1e30",
+                     "--out", str(tmp_path / "run"), *TINY, "--set", "clients.local_steps=3")
+    assert code == 3 and "clients.weight_decay = 1e+30 is the likely cause" in line
+    assert "lower clients.lr" not in line
+
+
+@pytest.mark.parametrize("key", ["max_samples", "image_size"])
+def test_data_keys_a_vector_dataset_ignores_are_warned(caplog, key):
+    with caplog.at_level(logging.WARNING, "protofl"):
+        load_dataset(DataConfig(name="synthetic", num_clients=3, **{key: 10}))
+    assert f"data.{key} = 10 is ignored: dataset 'synthetic' does not use it" in caplog.text
+
+
+def test_the_simulated_secure_sums_apply_secagg_range(tmp_path, capsys):
+    args = ["run", "--algorithm", "fedavg", "--rounds", "1", "--set", "privacy.secagg=true",
+            *TINY]
+    code, line = cli(capsys, *args, "--set", "privacy.secagg_range=1e-6",
+                     "--out", str(tmp_path / "small"))
+    assert code == 2 and "outside privacy.secagg_range = 1e-06; raise it" in line
+    assert cli(capsys, *args, "--out", str(tmp_path / "default"))[0] == 0  # the default fits
+
+
+def test_an_empty_set_value_is_refused():
+    with pytest.raises(ProtoflError, match="no value; write clients.lr=null for the default"):
+        apply_set({}, "clients.lr=")
+    raw: dict = {}
+    apply_set(raw, "clients.lr=null")  # the way to ask for the default
+    assert raw == {"clients": {"lr": None}}
+
+
+@pytest.mark.parametrize("name, text, key", [
+    ("c.yaml", "rounds: 1\nclients:\n  lr: 0.1\n  lr: 0.2\n", "'lr' is given twice (line 4)"),
+    ("c.json", '{"rounds": 1, "rounds": 2}', "'rounds' is given twice")])
+def test_duplicate_config_keys_are_refused(tmp_path, capsys, name, text, key):
+    (tmp_path / name).write_text(text)
+    code, line = cli(capsys, "run", str(tmp_path / name), "--out", str(tmp_path / "run"))
+    assert code == 2 and key in line and not (tmp_path / "run").exists()
+    (tmp_path / "m.yaml").write_text("base: &b {lr: 0.1}\nclients:\n  <<: *b\n  lr: 0.2\n")
+    assert load_raw(tmp_path / "m.yaml")["clients"] == {"lr": 0.2}  # a merge key may be overridden
+
+
+# ---- item 6: paths ----
+
+def test_tilde_is_expanded_in_every_output_and_run_path(tmp_path, capsys, monkeypatch):
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    tiny_run(capsys, Path("~/run"))
+    assert (home / "run" / runfolder.SUMMARY).is_file()
+    assert cli(capsys, "run", "--resume", "~/run", "--rounds", "2", "-q")[0] == 0
+    assert cli(capsys, "compare", "~/run", "--out", "~/t/table.md")[0] == 0
+    assert cli(capsys, "report", "~/run", "--out", "~/t/report.html")[0] == 0
+    assert cli(capsys, "stats", "--set", "data.num_clients=3", "--out", "~/t/stats")[0] == 0
+    assert cli(capsys, "tsne", "~/run", "--samples", "20")[0] == 0
+    assert {"table.md", "report.html", "stats"} <= {p.name for p in (home / "t").iterdir()}
+    assert (home / "run" / "tsne.png").is_file()
+    assert list(cwd.iterdir()) == []  # no folder named ~
+
+
+# ---- item 6: reports ----
+
+def test_compare_out_never_names_a_run_folders_file(tmp_path):
+    runs = [make_run(tmp_path / "r0")]
+    for name in ("summary.md", "config.md"):
+        with pytest.raises(ProtoflError, match="the name of a run folder's file"):
+            compare(runs, tmp_path / "out" / name)
+    assert not (tmp_path / "out" / "summary.json").exists()
+    compare(runs, tmp_path / "out" / "table.md")
+    assert (tmp_path / "out" / "table.json").is_file()
+
+
+def test_a_table_of_mixed_rounds_and_seeds_names_the_mix(tmp_path):
+    def caption(*specs):
+        return make_tables(load_runs([make_run(tmp_path / f"{a}{s}{r}", a, s, r)
+                                      for a, s, r in specs]))[0].caption
+
+    alike = caption(("fedavg", 0, 5), ("fedavg", 1, 5), ("fedprox", 0, 5), ("fedprox", 1, 5))
+    assert "mix" not in alike
+    seeds = caption(("fedavg", 0, 5), ("fedavg", 1, 5), ("fedprox", 0, 5))
+    assert "the rows mix runs: fedavg: seed 0, 1; fedprox: seed 0" in seeds
+    rounds = caption(("fedavg", 0, 5), ("fedavg", 1, 3))
+    assert "seed 0 (5 rounds)" in rounds and "seed 1 (3 rounds)" in rounds
+
+
+# ---- item 6: messages that mislead ----
+
+def test_a_read_only_fetch_root_says_so_not_no_space(tmp_path, monkeypatch):
+    fs = FileSource("x.bin", ("http://127.0.0.1:9/x.bin",), md5="0" * 32, size=10)
+    monkeypatch.setitem(SOURCES, "ro", DataSource("ro", "mnist", "t", (fs,)))
+    monkeypatch.setattr(F.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1, 1, 0))
+
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(F.tempfile, "TemporaryFile", read_only)
+    with pytest.raises(ProtoflError, match="cannot write to .*: Read-only file system") as e:
+        F.fetch("ro", tmp_path, progress=False)
+    assert "no space" not in str(e.value)
+
+
+def test_a_file_as_data_root_says_it_is_a_file(tmp_path):
+    (tmp_path / "train-images-idx3-ubyte").write_bytes(b"\0" * 16)
+    for name in ("mnist", "leaf"):
+        with pytest.raises(ProtoflError, match="is a file; .*data.root is (the|a) folder"):
+            load_dataset(DataConfig(name=name, root=str(tmp_path / "train-images-idx3-ubyte")))
+
+
+def test_femnist_without_qualifying_users_names_the_cause(tmp_path):
+    xs = [np.zeros((3, 784), np.float32)] * 2
+    write_leaf(tmp_path / "train", ["w0", "w1"], xs, [[0, 1, 2], [3, 4, 5]])  # digits only
+    with pytest.raises(ProtoflError, match="none of its 2 users holds samples of 5 of the "
+                                           "letters a-j") as e:
+        load_dataset(DataConfig(name="femnist", root=str(tmp_path)))
+    assert "lower data.num_clients" not in str(e.value)
+    ys = [[36, 37, 38, 39, 40]] * 2  # two users with 5 letters each; 200 clients asked
+    write_leaf(tmp_path / "train", ["w0", "w1"], [np.zeros((5, 784), np.float32)] * 2, ys)
+    with pytest.raises(ProtoflError, match="the default 200.*at most 2"):
+        load_dataset(DataConfig(name="femnist", root=str(tmp_path)))
+
+
+def test_docs_budget_example_settings_run_under_their_budget():
+    """docs/privacy.md's budget example (fedmargin on Synthetic, noise 4, budget 8): its
+    first round's epsilon is below the budget, so it runs (and stops after round 4)."""
+    from protofl.config import config_from_dict
+    from protofl.engine.experiment import Experiment
+
+    text = (Path(__file__).parents[1] / "docs" / "privacy.md").read_text()
+    assert "--set privacy.noise_multiplier=4.0 --set privacy.budget=8" in text
+    exp = Experiment(config_from_dict({"privacy": {"noise_multiplier": 4.0, "budget": 8},
+                                       "threads": 1}))
+    eps = [exp.private.accountant.epsilon_of([exp.private.form.multiplier()] * t)
+           for t in (1, 4, 5)]
+    assert eps[0] < 8 and eps[1] < 8 < eps[2]
+
+
+def test_json_config_without_duplicates_still_loads(tmp_path):
+    (tmp_path / "c.json").write_text(json.dumps({"rounds": 1, "clients": {"lr": 0.1}}))
+    assert load_raw(tmp_path / "c.json") == {"rounds": 1, "clients": {"lr": 0.1}}
+
+
+# ---- item 6: the HTML report ----
+
+@pytest.fixture(scope="module")
+def report_runs(tmp_path_factory) -> Path:
+    """fedprox, fedavg and fedmargin runs (2 seeds, mmd logged) with a 10-class confusion
+    matrix of 4-digit counts, in a folder of runs."""
+    root = tmp_path_factory.mktemp("report") / "runs"
+    m = (np.eye(10) * 1200 + 3).astype(int).tolist()
+    for alg in ("fedprox", "fedavg", "fedmargin"):
+        for seed in (0, 1):
+            f = make_run(root / alg / f"seed{seed}", alg, seed, mmd=True)
+            s = json.loads((f / runfolder.SUMMARY).read_text())
+            (f / runfolder.SUMMARY).write_text(json.dumps({**s, "confusion": m}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def page(report_runs) -> str:
+    from protofl.report.html import build_html
+    from protofl.report.sections import sections
+
+    return build_html(sections([report_runs]))
+
+
+def test_report_confusion_counts_are_readable_and_headed(page):
+    import re
+
+    from protofl.report import assets
+
+    assert "<h4>Confusion matrices</h4>" in page and "or segmentation" not in page
+    for fig in re.findall(r'<figure class="cm"[^>]*>.*?</figure>', page, re.S):
+        css = re.search(r'style="width:(\d+)px"', fig[:80])
+        shown = float(css.group(1)) if css else float(
+            re.search(r"figure\.cm svg\{width:(\d+)px", assets.CSS).group(1))
+        drawn = float(re.search(r'<svg[^>]*width="([\d.]+)pt"', fig).group(1))
+        sizes = [float(px) for px, body in re.findall(
+            r'<text style="font-size: ([\d.]+)px[^>]*>\s*([^<]*)</text>', fig)
+            if body.strip().isdigit() and int(body) >= 1000]  # the cells' counts
+        assert sizes and min(sizes) * shown / drawn >= 9  # pixels tall on the page
+
+
+def test_report_ffd_plot_has_a_legend_and_methods_in_table_md_order(report_runs, page,
+                                                                      tmp_path):
+    import html as H
+    import re
+
+    figs = re.findall(r'<figure class="curve" id="[^"]+" data-meta="([^"]+)"[^>]*>(.*?)'
+                      r"</figure>", page, re.S)
+    ffd = [svg for meta, svg in figs if json.loads(H.unescape(meta))["title"].startswith("FFD")]
+    assert len(ffd) == 1 and 'id="f' in ffd[0] and "legend_1" in ffd[0]
+    html_order = re.findall(r'<tr><td><span class="swatch"[^>]*></span>([^<]+)</td>', page)
+    given = [report_runs / a / f"seed{s}" for a in ("fedprox", "fedmargin", "fedavg")
+             for s in (0, 1)]  # compare's input order, e.g. a suite's plan
+    text = compare(given, tmp_path / "t" / "table.md")
+    md_order = [line.split("|")[1].strip() for line in text.splitlines()
+                if line.startswith("| fed")]
+    assert md_order == html_order == ["fedavg", "fedmargin", "fedprox"]
+
+
+def test_summary_line_is_what_run_and_the_flower_server_print():
+    from protofl.report.runs import summary_line
+
+    s = {"algorithm": "fedavg", "dataset": "digits", "rounds": 3, "accuracy": 0.5,
+         "loss": 1.25, "seconds": 2.04}
+    assert summary_line(s) == "fedavg on digits, 3 rounds: accuracy 0.5000, loss 1.2500 (2.0 s)"
+    assert summary_line({**s, "stopped": "privacy budget"}, Path("r")).endswith(
+        "(2.0 s, stopped early: privacy budget) -> r")
+
+
+def test_the_flower_server_logs_its_result_and_its_error_as_one_line(monkeypatch, caplog):
+    pytest.importorskip("flwr")
+    from types import SimpleNamespace
+
+    from protofl.flower import server_app
+
+    summary = {"algorithm": "fedavg", "dataset": "digits", "rounds": 3, "accuracy": 0.5,
+               "seconds": 1.0}
+    ran = SimpleNamespace(summary=lambda: summary)
+    monkeypatch.setattr(server_app, "run_on_grid", lambda *a, **k: ran)
+    context = SimpleNamespace(run_config={})
+    with caplog.at_level(logging.INFO, "flwr"):
+        assert server_app.serve(None, context, cfg=object()) is ran
+    assert "protofl: fedavg on digits, 3 rounds: accuracy 0.5000 (1.0 s)" in caplog.text
+
+    def refused(*a, **k):
+        raise ProtoflError("flower: num-partitions = 2 but synthetic(1,1) has 30 clients")
+
+    monkeypatch.setattr(server_app, "run_on_grid", refused)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, "flwr"), pytest.raises(ProtoflError):
+        server_app.serve(None, context, cfg=object())
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
+        "protofl: error: flower: num-partitions = 2 but synthetic(1,1) has 30 clients"]
