@@ -20,7 +20,7 @@ from protofl.config import Config, resolve_defaults
 from protofl.data.federated import FederatedData
 from protofl.data.pipeline import augmentation
 from protofl.data.registry import dataset_spec, dataset_task, load_dataset
-from protofl.engine import runfolder
+from protofl.engine import hetero, runfolder
 from protofl.engine.callbacks import Callback, load_callback, metric_callbacks
 from protofl.engine.parallel import choose_trainer, resolve_workers, usable_cores
 from protofl.engine.private import PrivateRounds, dp_on
@@ -75,14 +75,19 @@ class Experiment:
         self.server = devices.server_device(self.device)  # the state and aggregation
         spec = dataset_spec(cfg.data.name)
         task = check_task(cfg)  # before anything is loaded
+        hetero.check(cfg)
         model_name = cfg.model.name if cfg.model.name != "auto" else spec.model
         model_cfg = resolve_model_config(model_name, cfg.model, spec.model_options)
         self.data = data = data if data is not None else load_dataset(
             cfg.data, lean=True)  # rows as stored (e.g. uint8)
         torch.manual_seed(cfg.seed)
-        model = build_model(model_name, data.input_shape, data.num_classes, model_cfg)
-        self.alg = make_algorithm(cfg.algorithm, cfg.algo, model, data.num_classes)
-        self.alg.model.to(self.device)  # built on the CPU: the same weights on every device
+        if hetero.requested(cfg.model):  # a model per client group (engine/hetero.py)
+            self.alg, model_cfg = hetero.make(cfg, data)
+            model_name = model_cfg.name
+        else:
+            model = build_model(model_name, data.input_shape, data.num_classes, model_cfg)
+            self.alg = make_algorithm(cfg.algorithm, cfg.algo, model, data.num_classes)
+        hetero.to_device(self.alg, self.device)  # built on the CPU: the same on every device
         threads = cfg.threads or auto_threads(self.alg.model)
         torch.set_num_threads(threads)
         augment = cfg.data.augment or spec.augment
@@ -113,7 +118,7 @@ class Experiment:
             self.cfg = cfg = dataclasses.replace(cfg, clients=dataclasses.replace(
                 c, per_round=1, local_steps=budget, stragglers=0.0))
             c = cfg.clients
-        self.state = devices.to_device(self.alg.init_state(self.alg.model), self.server)
+        self.state = devices.to_device(hetero.init_state(self.alg), self.server)
         if cfg.metrics.save_weights and self.alg.global_weights(self.state) is None:
             raise ProtoflError(f"config: metrics.save_weights: {self.alg.name} has no "
                                "aggregate model to save (each client keeps its own)")
@@ -126,8 +131,8 @@ class Experiment:
         self.setup = LocalSetup(c.batch_size, c.local_steps is not None, c.optimizer, c.lr,
                                 c.momentum, c.weight_decay, cfg.seed, str(self.device),
                                 cfg.precision, augmentation(augment))
-        self.trainer = trainer or choose_trainer(cfg.trainer, self.alg.model, self.device,
-                                                 cfg.workers, cfg.precision)
+        self.trainer = hetero.grouped(trainer or choose_trainer(
+            cfg.trainer, self.alg.model, self.device, cfg.workers, cfg.precision), self.alg)
         self.callbacks = (metric_callbacks() if callbacks is None else list(callbacks)) + [
             load_callback(path) for path in cfg.callbacks]
 
