@@ -122,6 +122,7 @@ def cmd_report(args) -> int:
 def cmd_suite(args) -> int:
     from protofl.config import apply_set
     from protofl.suites import run_suite
+    from protofl.suites_hetero import budget_name
 
     overrides: dict = {}
     if args.rounds is not None:
@@ -131,8 +132,9 @@ def cmd_suite(args) -> int:
     for s in args.set or []:
         apply_set(overrides, s)
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
-    out = Path(args.out or f"runs/{args.name}")
-    print(run_suite(args.name, out, args.jobs, seeds, overrides))
+    name = budget_name(args.name, args.budget)
+    out = Path(args.out or f"runs/{name}")
+    print(run_suite(name, out, args.jobs, seeds, overrides))
     print(f"table: {out / 'table.md'}; curves: {out}/table_*.png; report: "
           f"{out / 'report.html'}")
     return 0
@@ -345,6 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--rounds", type=int, help="override every run's rounds")
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override every run")
     q.add_argument("--device", help="every run's device (auto, cpu, cuda, cuda:N or mps)")
+    q.add_argument("--budget", choices=("short", "paper"),
+                   help="heterogeneous: short (default) or the FedTGP paper's protocol")
     q.set_defaults(func=cmd_suite)
 
     q = sub.add_parser("algorithms", help="list the algorithms")

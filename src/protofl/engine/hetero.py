@@ -175,3 +175,40 @@ def client_predictions(alg: Algorithm, state: Tensors, data: FederatedData,
                                            client_states, batch,
                                            clients=groups.clients(g, data.num_clients)))
     return dict(sorted(preds.items()))
+
+
+# ---- Flower: a node trains its own group's model, or the one its node config names ----
+NODE_MODEL = "model"  # node-config key: the model this site trains (heterogeneous runs)
+
+
+def node_config(cfg_json: str, model: str) -> str:
+    """The run's config as a node that trains ``model`` (node config ``model``) builds it:
+    one group of that model with the run's feature size ("": the run's config as it is)."""
+    import json
+
+    if not model:
+        return cfg_json
+    raw = json.loads(cfg_json)
+    m = raw.get("model", {})
+    if not (m.get("per_client") or m.get("family")):
+        raise ProtoflError(f"flower: node config {NODE_MODEL}={model} needs a heterogeneous "
+                           "run (model.per_client or model.family)")
+    raw["model"] = {**m, "per_client": [model], "family": None}
+    return json.dumps(raw, sort_keys=True)
+
+
+def node_view(alg: Algorithm, node_state: Tensors, tree: Tensors, client: int,
+              own_model: bool) -> tuple[Algorithm, Tensors]:
+    """The algorithm and broadcast (or server state) a node's client trains and is scored
+    with: its group's (the server sends a group's broadcast narrowed, its state whole), or,
+    when the node names its own model, that model from the node's own initial weights."""
+    groups = groups_of(alg)
+    if groups is None:
+        return alg, tree
+    g = 0 if own_model else groups.of(client)
+    init = tree["init"]
+    if own_model:
+        init = node_state["init"][key(0)]
+    elif "params" not in init:  # every group's: pick this one
+        init = init[key(g)]
+    return view(alg, g), {**tree, "init": init}
