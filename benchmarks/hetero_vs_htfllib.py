@@ -132,9 +132,8 @@ def run_htfllib(algorithm: str, seed: int, rounds: int, root: Path, checkout: Pa
                 clients: int) -> tuple[float, float, bool]:
     cmd = [sys.executable, __file__, "--worker", algorithm, str(seed), str(rounds), str(root),
            str(checkout), str(clients)]
-    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ,
-                                                                   "OMP_NUM_THREADS": "1",
-                                                                   "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"HtFLlib failed: {out.stderr.strip().splitlines()[-1:]}")
     got = json.loads(out.stdout.strip().splitlines()[-1])

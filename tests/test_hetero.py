@@ -140,3 +140,22 @@ def test_a_killed_heterogeneous_run_resumes_bit_identically(tmp_path, kill_after
     for k in a["client_states"]:
         for n, v in a["client_states"][k]["params"].items():
             assert torch.equal(b["client_states"][k]["params"][n], v)
+
+
+def test_the_heterogeneous_suite_pairs_each_method_with_one_shared_model(tmp_path):
+    from protofl.suites import plan
+    from protofl.suites_hetero import budget_name
+
+    jobs = plan("heterogeneous", tmp_path)
+    assert len(jobs) == 3 * 2 * 3  # methods x (family, shared) x seeds
+    for raw, _ in jobs:
+        assert raw["data"]["partition"] == "dirichlet" and raw["data"]["alpha"] == 0.1
+        model = raw["model"]
+        assert model.get("family") == "htfe-cnn" or model.get("per_client") == ["cnn2"]
+        config_from_dict(raw)  # every config valid
+    paper = plan(budget_name("heterogeneous", "paper"), tmp_path)
+    raw = paper[0][0]
+    assert raw["data"]["num_clients"] == 20 and raw["clients"]["per_round"] == 20
+    assert (raw["clients"]["batch_size"], raw["clients"]["lr"]) == (10, 0.01)
+    with pytest.raises(ProtoflError, match="no --budget"):
+        budget_name("main", "paper")
