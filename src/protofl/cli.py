@@ -122,6 +122,7 @@ def cmd_report(args) -> int:
 def cmd_suite(args) -> int:
     from protofl.config import apply_set
     from protofl.suites import run_suite
+    from protofl.suites_hetero import budget_name
 
     overrides: dict = {}
     if args.rounds is not None:
@@ -133,8 +134,9 @@ def cmd_suite(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ProtoflError(f"--jobs {args.jobs}: give at least 1 (or leave it out: one per "
                            "CPU core)")
-    out = _path(args.out or f"runs/{args.name}")
-    print(run_suite(args.name, out, args.jobs, _seeds(args.seeds), overrides))
+    name = budget_name(args.name, args.budget)
+    out = _path(args.out or f"runs/{name}")
+    print(run_suite(name, out, args.jobs, _seeds(args.seeds), overrides))
     print(f"table: {out / 'table.md'}; curves: {out}/table_*.png; report: "
           f"{out / 'report.html'}")
     return 0
@@ -352,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--rounds", type=int, help="override every run's rounds")
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override every run")
     q.add_argument("--device", help="every run's device (auto, cpu, cuda, cuda:N or mps)")
+    q.add_argument("--budget", choices=("short", "paper"),
+                   help="heterogeneous: short (default) or the FedTGP paper's protocol")
     q.set_defaults(func=cmd_suite)
 
     q = sub.add_parser("algorithms", help="list the algorithms")

@@ -204,6 +204,14 @@ class ModelConfig:
     seg_channels: int | None = option(None, "deeplabv3plus: ASPP/decoder channels, the pixel "
                                             "feature size d, a multiple of 8 (null: the "
                                             "dataset's; shapes 64, else 256)", ge=8)
+    # model-heterogeneous federations (models/families.py, docs/configuration.md)
+    per_client: list[str] = option([], "client k trains the model at position k mod n "
+                                       "(fedproto, fedtgp, fedproin)")
+    family: str | None = option(None, "a preset model group (models/families.py FAMILIES)")
+    feature_dim: int | None = option(None, "heterogeneous: the shared feature size d (null: "
+                                           "the family's, else the first model's)", ge=1)
+    projection: str = option("pool", "heterogeneous: how a model's features reach d",
+                             choices=("pool", "linear"))
 
 
 @dataclass

@@ -266,3 +266,9 @@ def run_suite(name: str, out: Path, jobs: int | None = None, seeds: tuple[int, .
     if figures:
         text += "\nfigures: " + ", ".join(str(f) for f in figures)
     return text
+
+
+# the model-heterogeneous suites live in their own module (import protofl.suites first)
+from protofl.suites_hetero import HETERO_SUITES  # noqa: E402
+
+SUITES.update(HETERO_SUITES)

@@ -123,6 +123,8 @@ class FedMargin(Algorithm):
     tasks = TASKS  # segmentation: pixel prototypes (labels nearest-downsampled, void dropped)
     client_defaults_source = ("the first seed: weighted client sampling, partial work "
                               "tolerated (its optimiser settings are per dataset: configs/)")
+    heterogeneous_reason = ("its server averages the clients' model weights (the prototype "
+                            "margins only weight that average)")
 
     @property
     def client_scores(self) -> bool:

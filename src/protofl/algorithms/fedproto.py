@@ -74,6 +74,7 @@ class FedProto(Algorithm):
                    "CE + lambda MSE to global class prototypes, nearest-prototype inference")
     Options = FedProtoOptions
     personalized = True
+    heterogeneous = True  # prototypes only: clients may train different models (engine/hetero.py)
 
     def init_state(self, model) -> FedProtoState:
         params, buffers = split_state(model)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from protofl.algorithms import prototype_math
-from protofl.engine import reference, runfolder
+from protofl.engine import hetero, reference, runfolder
 from protofl.errors import ProtoflError
 from protofl.metrics import federated as fm
 from protofl.metrics.mmd import mean_client_mmd
@@ -121,7 +121,7 @@ class TestMetrics(Callback):
                 record.update(fm.evaluate(alg, alg.model, weights["params"], weights["buffers"],
                                           state, data.x_test, data.y_test, data.num_classes,
                                           batch, data.inputs, data.class_names))
-            preds = fm.client_predictions(alg, alg.model, state, data, exp.client_states, batch)
+            preds = hetero.client_predictions(alg, state, data, exp.client_states, batch)
         record.update(fm.client_figures(preds, data.num_classes, pooled=alg.personalized))
 
 

@@ -16,7 +16,7 @@ from protofl import device as devices
 from protofl.algorithms.base import validate_upload
 from protofl.config import Config
 from protofl.data.federated import FederatedData
-from protofl.engine import runfolder
+from protofl.engine import hetero, runfolder
 from protofl.engine.aggregation import Aggregation, stack
 from protofl.engine.callbacks import Callback, load_callback, metric_callbacks
 from protofl.engine.divergence import check_loss, remedy
@@ -62,8 +62,9 @@ class Experiment:
         self.stopped = ""  # why the run ended before cfg.rounds (the privacy budget)
         self.elapsed = 0.0
         self.last: dict = {}  # the last evaluated round's record
-        self.trainer = trainer or choose_trainer(self.cfg.trainer, self.alg.model, self.device,
-                                                 self.cfg.workers, self.cfg.precision)
+        self.trainer = hetero.grouped(trainer or choose_trainer(
+            self.cfg.trainer, self.alg.model, self.device, self.cfg.workers,
+            self.cfg.precision), self.alg)
         self.callbacks = (metric_callbacks() if callbacks is None else list(callbacks)) + [
             load_callback(path) for path in self.cfg.callbacks]
 

@@ -26,6 +26,7 @@ from protofl.config import Config
 from protofl.data.federated import FederatedData
 from protofl.data.pipeline import augmentation
 from protofl.data.registry import load_dataset
+from protofl.engine import hetero
 from protofl.engine.spec import RunSpec, resolve, resolve_data
 from protofl.engine.train import LocalSetup
 from protofl.errors import ProtoflError
@@ -76,11 +77,17 @@ def build(cfg: Config, data: FederatedData | None = None) -> Federation:
     spec = resolve(cfg, data)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        model = build_model(spec.model.name, data.input_shape, data.num_classes, spec.model)
-        alg = make_algorithm(spec.algorithm, spec.algo, model, data.num_classes, info(data))
-        state = alg.init_state(alg.model)  # (some draw from the generator)
+        if hetero.requested(spec.model):  # a model per client group (engine/hetero.py)
+            alg, _ = hetero.make(spec, data)
+            alg.federation = info(data)
+        else:
+            model = build_model(spec.model.name, data.input_shape, data.num_classes,
+                                spec.model)
+            alg = make_algorithm(spec.algorithm, spec.algo, model, data.num_classes,
+                                 info(data))
+        state = hetero.init_state(alg)  # (some draw from the generator)
         rng = torch.get_rng_state()
-    alg.model.to(dev)  # built on the CPU: the same weights on every device
+    hetero.to_device(alg, dev)  # built on the CPU: the same weights on every device
     server = devices.server_device(dev)
     state = devices.to_device(state, server)
     if spec.metrics.save_weights and alg.global_weights(state) is None:

@@ -36,6 +36,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 from protofl.algorithms.base import Algorithm
 from protofl.data import store
 from protofl.data.federated import FederatedData
+from protofl.engine import hetero
 from protofl.engine.schedule import Job
 from protofl.engine.train import ClientResult, RoundContext, SequentialTrainer, Trainer
 from protofl.engine.vectorized import VectorizedTrainer, precision_reason, vectorize_reason
@@ -191,6 +192,7 @@ def _worker(conn: Any, alg: Algorithm, data: FederatedData | SharedTraining, inn
     if isinstance(data, SharedTraining):
         data = data.open()
     trainer: Trainer = VectorizedTrainer() if inner == "vectorized" else SequentialTrainer()
+    trainer = hetero.grouped(trainer, alg)  # a heterogeneous federation: one model at a time
     while True:
         try:
             while not conn.poll(PARENT_CHECK):
@@ -247,6 +249,7 @@ class ParallelTrainer:
     at the first round and stop with :meth:`close` (or when the trainer is collected)."""
 
     name = "parallel"
+    groups_inside = True  # each worker splits a heterogeneous round by model (engine/hetero.py)
 
     def __init__(self, workers: int, inner: str = "sequential", start: str = START):
         if workers < 1:

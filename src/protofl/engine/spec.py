@@ -21,6 +21,7 @@ from protofl.algorithms.registry import ALGORITHMS, algorithm_class
 from protofl.config import Config, DataConfig, ModelConfig, build, declared
 from protofl.data.federated import FederatedData
 from protofl.data.registry import dataset_spec, dataset_task
+from protofl.engine import hetero
 from protofl.engine.parallel import resolve_workers, usable_cores
 from protofl.engine.schedule import step_budget
 from protofl.errors import ProtoflError
@@ -76,14 +77,15 @@ def check_task(cfg: Config) -> str:
     return task
 
 
-def trained_parameters(spec: Config, data: FederatedData) -> int:
-    """How many parameters the run's model has (wrapped by its algorithm), counted on a
-    model built on the meta device: no memory, no weights file read, no random draw."""
-    model_cfg = dataclasses.replace(spec.model, pretrained=None)
+def meta_algorithm(spec: Config, data: FederatedData):
+    """The run's algorithm with its model(s) built on the meta device (no memory, no weights
+    file read, no random draw); for a heterogeneous run also its resolved model section."""
+    spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, pretrained=None))
     with torch.device("meta"):
-        model = build_model(model_cfg.name, data.input_shape, data.num_classes, model_cfg)
-        alg = algorithm_class(spec.algorithm)(spec.algo, model, data.num_classes)
-    return sum(p.numel() for p in alg.model.parameters())
+        if hetero.requested(spec.model):
+            return hetero.make(spec, data)
+        model = build_model(spec.model.name, data.input_shape, data.num_classes, spec.model)
+        return algorithm_class(spec.algorithm)(spec.algo, model, data.num_classes), spec.model
 
 
 def auto_threads(parameters: int) -> int:
@@ -100,6 +102,7 @@ def resolve(cfg: Config, data: FederatedData) -> RunSpec:
     count; and for pooled data (the centralized baseline), one client taking a federated
     round's expected SGD steps each round."""
     task = check_task(cfg)
+    hetero.check(cfg)
     cls = algorithm_class(cfg.algorithm)
     data_cfg = dataclasses.replace(resolve_data(cfg.data), num_clients=data.num_clients,
                                    **cls.data_defaults)
@@ -122,8 +125,13 @@ def resolve(cfg: Config, data: FederatedData) -> RunSpec:
                       "algorithm": cls.name, "task": task,
                       "algo": dataclasses.asdict(build(cls.Options, dict(cfg.algo), "algo")),
                       "workers": resolve_workers(cfg.workers),
-                      "data": data_cfg, "model": resolve_model(cfg), "clients": clients,
+                      "data": data_cfg, "clients": clients,
+                      "model": cfg.model if hetero.requested(cfg.model) else resolve_model(cfg),
                       "metrics": fill(cfg.metrics, {"save_weights": data_cfg.pooled})})
+    alg, model = meta_algorithm(spec, data)
+    spec = dataclasses.replace(spec, model=dataclasses.replace(
+        model, pretrained=spec.model.pretrained))  # a heterogeneous run's groups named
     if spec.threads is None:
-        spec = dataclasses.replace(spec, threads=auto_threads(trained_parameters(spec, data)))
+        parameters = sum(p.numel() for p in alg.model.parameters())
+        spec = dataclasses.replace(spec, threads=auto_threads(parameters))
     return spec

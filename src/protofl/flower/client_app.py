@@ -26,6 +26,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 
+from protofl.engine import hetero
 from protofl.engine.schedule import Job
 from protofl.engine.train import ClientResult, RoundContext, train_client
 from protofl.errors import ProtoflError
@@ -53,11 +54,16 @@ def node_experiment(cfg_json: str, context: Context) -> Node:
     pid, _ = partition_of(context)
     nc = context.node_config
     try:
-        return node_build(cfg_json, str(nc.get(DATA_ROOT, "")), str(nc.get(DATA_NAME, "")),
-                          pid)
+        return node_build(hetero.node_config(cfg_json, str(nc.get(hetero.NODE_MODEL, ""))),
+                          str(nc.get(DATA_ROOT, "")), str(nc.get(DATA_NAME, "")), pid)
     except ProtoflError as e:
         log(ERROR, "protofl: this node cannot join the run: %s", e)
         raise
+
+
+def own_model(context: Context) -> bool:
+    """Whether this node names the model it trains (node config ``model``)."""
+    return bool(context.node_config.get(hetero.NODE_MODEL, ""))
 
 
 app = ClientApp()
@@ -100,7 +106,8 @@ def train_job(job, context: Context, broadcast) -> tuple[Node, ClientResult, str
     key = state_key(str(job["config"]))
     state = tree_from_records(context.state, key) if key in context.state else {}
     work = Job(client, int(job["units"]), bool(job["straggler"]))
-    rc = RoundContext(b.alg, broadcast, [work], b.data, {client: state}, b.setup,
+    alg, broadcast = hetero.node_view(b.alg, b.state, broadcast, client, own_model(context))
+    rc = RoundContext(alg, broadcast, [work], b.data, {client: state}, b.setup,
                       int(job["round"]), secure_client.upload_hook(node, context))
     return node, train_client(rc, work), key
 
@@ -135,7 +142,8 @@ def evaluate(msg: Message, context: Context) -> Message:
     key = state_key(str(job["config"]))
     own = tree_from_records(context.state, key) if key in context.state else {}
     x, y = b.data.client_test(pid)
-    got = score_split(b.alg, b.alg.model, b.alg.eval_weights(server_state, own), server_state,
+    alg, server_state = hetero.node_view(b.alg, b.state, server_state, pid, own_model(context))
+    got = score_split(alg, alg.model, alg.eval_weights(server_state, own), server_state,
                       x, y, b.data.num_classes, b.spec.metrics.eval_batch, b.data.inputs)
     out = {"confusion": torch.from_numpy(got.confusion),
            "loss_sum": torch.tensor(got.loss_sum, dtype=torch.float64)}
