@@ -41,15 +41,16 @@ def tiny(algorithm: str, privacy: dict, algo: dict | None = None, rounds: int = 
 
 
 SECAGG = {"secagg": True, "secagg_max_weight": 200.0}
+REPRO = {"reproducible_noise": True}  # seeded noise (not private): runs to compare
 CASES = {
     "fedavg": tiny("fedavg", SECAGG),
     "fedprox": tiny("fedprox", SECAGG),
     "fedmargin": tiny("fedmargin", SECAGG, {"scores": "client"}),
     "fedproin": tiny("fedproin", SECAGG, rounds=1),
-    "dp": tiny("fedavg", {**SECAGG, "noise_multiplier": 0.5, "noise": "client"}),
+    "dp": tiny("fedavg", {**SECAGG, **REPRO, "noise_multiplier": 0.5, "noise": "client"}),
     # DP without SecAgg: the server noises raw uploads, or the ClientApps send noised shares
-    "dp_server": tiny("fedmargin", {"noise_multiplier": 0.5}, {"weights": "fair"}),
-    "dp_client": tiny("fedmargin", {"noise_multiplier": 0.5, "noise": "client"},
+    "dp_server": tiny("fedmargin", {**REPRO, "noise_multiplier": 0.5}, {"weights": "fair"}),
+    "dp_client": tiny("fedmargin", {**REPRO, "noise_multiplier": 0.5, "noise": "client"},
                       {"scores": "client"}),
 }
 

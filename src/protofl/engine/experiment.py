@@ -190,6 +190,7 @@ class Experiment:
             record["client_loss"] = float(np.mean([r.loss for r in results]))
         if self.private is not None and self.private.dp:
             record["epsilon"] = self.private.epsilon()
+            record.update(self.private.flags())
             if t < cfg.rounds and not self.private.allows(t + 1):
                 self.stopped = "privacy budget"
         for cb in self.callbacks:

@@ -8,8 +8,9 @@ for what is not covered) and returns None when it is off. Otherwise the round lo
   (``privacy.contrib.SumForm``) before it leaves the client;
 - screens replies against :meth:`spec`;
 - aggregates with :meth:`aggregate`: the contributions (computed here from the raw uploads for
-  server-side noise), their sum, the server's noise from a generator keyed by (seed, NOISE,
-  round), the estimate, and the algorithm's ``aggregate_private``;
+  server-side noise), their sum, the server's noise (the OS's CSPRNG; with
+  ``privacy.reproducible_noise``, tests only, a generator keyed by (seed, NOISE, round)), the
+  estimate, and the algorithm's ``aggregate_private``;
 - logs ``epsilon`` (at ``delta``) every round and asks the budget before the next round.
 
 Nothing here names an algorithm's upload key: ``UploadEntry.kind`` says what each entry is.
@@ -28,7 +29,8 @@ from protofl.errors import ProtoflError
 from protofl.nested import flatten
 from protofl.privacy.accountant import Accountant, Budget
 from protofl.privacy.contrib import SumForm, SumSettings
-from protofl.seeding import CLIENT_NOISE, NOISE, torch_gen
+from protofl.privacy.noise import noise_source
+from protofl.seeding import CLIENT_NOISE, NOISE
 
 if TYPE_CHECKING:
     from protofl.engine.train import RoundContext
@@ -85,6 +87,7 @@ class PrivateRounds:
     def __init__(self, cfg: Config, alg: Algorithm, num_clients: int, state: Tensors):
         p = cfg.privacy
         self.alg, self.seed = alg, cfg.seed
+        self.reproducible = p.reproducible_noise  # noise from the seed: tests only
         self.dp = dp_on(cfg)
         self.client_noise = self.dp and p.noise == "client"
         self.from_clients = p.secagg or self.client_noise
@@ -130,7 +133,7 @@ class PrivateRounds:
         gen = None
         if self.client_noise:
             seed = self.seed if self.client_secret is None else self.client_secret
-            gen = torch_gen(seed, CLIENT_NOISE, rc.round, client)
+            gen = noise_source(self.reproducible, seed, CLIENT_NOISE, rc.round, client)
         return self.form.contribution(upload, rc.broadcast, None, gen)[0]
 
     def spec(self) -> dict[str, UploadEntry]:
@@ -157,13 +160,19 @@ class PrivateRounds:
         total = SumForm.total(contributions)
         received = float(total["members"])
         if self.dp and not self.client_noise:
-            total = self.form.noised(total, torch_gen(self.seed, NOISE, round))
+            total = self.form.noised(total, noise_source(self.reproducible, self.seed, NOISE,
+                                                         round))
         state, alg_diag = self.alg.aggregate_private(state, self.form.estimate(total, broadcast),
                                                      round)
         alg_diag.pop("weights", None)  # the estimate's one weight says nothing
         if self.dp:
             self.multipliers.append(self.form.multiplier(received))
         return state, {**alg_diag, **diag}
+
+    def flags(self) -> dict[str, Any]:
+        """What a metrics line says of the run's privacy: ``private: false`` when its DP
+        noise can be regenerated from the seed (``privacy.reproducible_noise``)."""
+        return {"private": False} if self.dp and self.reproducible else {}
 
     def epsilon(self) -> float:
         """Epsilon at ``delta`` after the rounds so far."""
