@@ -43,6 +43,7 @@ from protofl.engine import runfolder  # noqa: E402
 from protofl.engine.experiment import Experiment  # noqa: E402
 from protofl.errors import ProtoflError  # noqa: E402
 from protofl.flower import client_app as protofl_client  # noqa: E402
+from protofl.flower.node import AUDIT_ENV  # noqa: E402
 from protofl.flower.records import tree_from_records, tree_to_records  # noqa: E402
 from protofl.flower.server_app import (  # noqa: E402
     LOG_FILE,
@@ -300,12 +301,14 @@ def simulated(tmp_path_factory) -> dict:
     client.evaluate()(_as_site(protofl_client.evaluate))
     start = time.monotonic()
     os.environ[SITES_ENV] = str(root / "sites")  # before Ray starts its workers
+    os.environ[AUDIT_ENV] = str(root / "audit")  # the virtual nodes' audit logs
     try:
         run_simulation(server, client, num_supernodes=CLIENTS,
                        backend_config={"client_resources": {"num_cpus": 1},
                                        "init_args": {"num_cpus": 2}})
     finally:
         os.environ.pop(SITES_ENV, None)
+        os.environ.pop(AUDIT_ENV, None)
     done["seconds"] = time.monotonic() - start
     done["root"], done["cases"] = root, cases
     return done
@@ -551,7 +554,8 @@ class Deployment:
                             "test")
             assert "registered successfully" in out, out
             self.supernode(f"node{k}", f"supernode_{k + 1}",
-                           f"partition-id={k} num-partitions={len(sites)} data-root='{site}'")
+                           f"partition-id={k} num-partitions={len(sites)} data-root='{site}' "
+                           f"audit-dir='{self.root / f'audit{k}'}'")
         wait_for(lambda: self.log("superlink").count("Activated node_id") >= len(sites), 120,
                  "the SuperNodes to join")
 

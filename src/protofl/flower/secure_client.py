@@ -17,11 +17,12 @@ from flwr.compat.common import recorddict_compat as compat
 
 from protofl.engine.experiment import Experiment
 from protofl.errors import ProtoflError
-from protofl.flower.client_app import train_job
+from protofl.flower.client_app import audit, train_job
+from protofl.flower.node import check_versions
 from protofl.flower.records import tree_from_arrays, tree_to_records
 from protofl.nested import flatten
 
-NOISE_SEED = "noise-seed"  # node-config key: this node's secret seed for its DP noise
+NOISE_SEED = "noise-seed"  # node config, privacy.reproducible_noise only: this node's seed
 
 
 def upload_hook(b: Experiment, context: Context) -> Any:
@@ -49,6 +50,7 @@ def fit(msg: Message, context: Context) -> Message:
     legacy ``FitRes`` the mod masks (weight 1; the loss last, clamped to the range)."""
     ins = compat.recorddict_to_fitins(msg.content, keep_input=True)
     job = ins.config
+    check_versions(job, str(job["config"]))
     broadcast = tree_from_arrays(parameters_to_ndarrays(ins.parameters), str(job["skeleton"]))
     b, result, key = train_job(job, context, broadcast)
     if not b.cfg.privacy.secagg:
@@ -69,5 +71,8 @@ def fit(msg: Message, context: Context) -> Message:
                                f"outside privacy.secagg_range = {reach:g}; raise it")
         arrays.append(np.ascontiguousarray(a))
     arrays.append(np.array([min(max(result.loss, -reach), reach)]))
+    audit(context).write("train", int(job["round"]), dict(zip([*b.private.spec(), "loss"],
+                                                              arrays)),
+                         secure=True, noised=b.private.client_noise)
     res = FitRes(Status(Code.OK, "ok"), ndarrays_to_parameters(arrays), 1, {})
     return Message(compat.fitres_to_recorddict(res, keep_input=False), reply_to=msg)
