@@ -7,6 +7,7 @@ that stops after round 1 (its checkpoint written) and waits there to be killed.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from flwr.simulation import run_simulation
 from protofl.config import config_from_dict
 from protofl.engine.callbacks import Callback
 from protofl.flower.client_app import app as client_app
+from protofl.flower.node import AUDIT_ENV
 from protofl.flower.server_app import run_on_grid
 
 
@@ -36,6 +38,7 @@ class HangAfterRoundOne(Callback):
 def main() -> None:
     cfg = config_from_dict(json.loads(Path(sys.argv[1]).read_text()))
     out, marker = Path(sys.argv[2]), Path(sys.argv[3])
+    os.environ.setdefault(AUDIT_ENV, str(marker.parent / "audit_killed"))  # not the cwd
     torch.set_num_threads(1)
     server = ServerApp()
 

@@ -225,7 +225,8 @@ def test_ffd_runs_on_a_device_as_on_the_cpu(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("algorithm, privacy", [
-    ("fedavg", {"noise_multiplier": 1.0}), ("fedavg", {"noise_multiplier": 1.0, "noise": "client"}),
+    ("fedavg", {"noise_multiplier": 1.0, "reproducible_noise": True}),
+    ("fedavg", {"noise_multiplier": 1.0, "noise": "client", "reproducible_noise": True}),
     ("fedavg", {"secagg": True})])
 def test_private_rounds_run_on_a_device_as_on_the_cpu(monkeypatch, algorithm, privacy):
     """Server and client noise (drawn on the CPU from the same generators) and simulated

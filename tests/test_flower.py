@@ -43,6 +43,7 @@ from protofl.engine import runfolder  # noqa: E402
 from protofl.engine.experiment import Experiment  # noqa: E402
 from protofl.errors import ProtoflError  # noqa: E402
 from protofl.flower import client_app as protofl_client  # noqa: E402
+from protofl.flower.node import AUDIT_ENV, protofl_version  # noqa: E402
 from protofl.flower.records import tree_from_records, tree_to_records  # noqa: E402
 from protofl.flower.server_app import (  # noqa: E402
     LOG_FILE,
@@ -65,6 +66,7 @@ SITE_CLASSES = ["a", "b", "c"]
 SITE_COUNTS = [{"a": 12, "b": 6}, {"b": 10, "c": 8}, {"a": 5, "c": 9, "b": 3}]
 SITES_ENV = "PROTOFL_TEST_SITES"  # the simulated nodes' site files: <root>/seed<S>/site<K>
 RESUME_SEED = 30
+OLD_VERSION = "9.9.0"  # the protofl of the deployment's mismatched SuperNode
 
 
 def tiny(algorithm: str, seed: int = 0, rounds: int = 2, clients: int = CLIENTS) -> Config:
@@ -300,12 +302,14 @@ def simulated(tmp_path_factory) -> dict:
     client.evaluate()(_as_site(protofl_client.evaluate))
     start = time.monotonic()
     os.environ[SITES_ENV] = str(root / "sites")  # before Ray starts its workers
+    os.environ[AUDIT_ENV] = str(root / "audit")  # the virtual nodes' audit logs
     try:
         run_simulation(server, client, num_supernodes=CLIENTS,
                        backend_config={"client_resources": {"num_cpus": 1},
                                        "init_args": {"num_cpus": 2}})
     finally:
         os.environ.pop(SITES_ENV, None)
+        os.environ.pop(AUDIT_ENV, None)
     done["seconds"] = time.monotonic() - start
     done["root"], done["cases"] = root, cases
     return done
@@ -507,7 +511,7 @@ class Deployment:
         self.home.mkdir()
         self.certs = root / "certs"
         res = subprocess.run(["bash", str(REPO / "scripts" / "flower-dev-certs.sh"),
-                              str(self.certs), "3"], capture_output=True, text=True)
+                              str(self.certs), "4"], capture_output=True, text=True)
         assert res.returncode == 0, res.stderr
         self.port = free_port()
         (self.home / "config.toml").write_text(
@@ -518,9 +522,9 @@ class Deployment:
                     "FLWR_DISABLE_UPDATE_CHECK": "1",  # the SuperLink starts flower-superexec:
                     "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
-    def start(self, name: str, cmd: list[str]) -> None:
+    def start(self, name: str, cmd: list[str], env: dict | None = None) -> None:
         log = open(self.root / f"{name}.log", "wb")
-        self.procs[name] = subprocess.Popen(cmd, env=self.env, stdout=log,
+        self.procs[name] = subprocess.Popen(cmd, env=env or self.env, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)
 
     def flwr(self, *args: str, timeout: float = 120) -> str:
@@ -529,13 +533,14 @@ class Deployment:
         assert res.returncode == 0, res.stdout + res.stderr
         return res.stdout
 
-    def supernode(self, name: str, key: str, node_config: str) -> None:
+    def supernode(self, name: str, key: str, node_config: str, env: dict | None = None
+                  ) -> None:
         self.start(name, [str(BIN / "flower-supernode"),
                           "--superlink", f"127.0.0.1:{self.port}",
                           "--root-certificates", str(self.certs / "ca.crt"),
                           "--auth-supernode-private-key", str(self.certs / key),
                           "--host", "127.0.0.1", "--port", str(free_port()),
-                          "--node-config", node_config])
+                          "--node-config", node_config], env)
 
     def up(self, sites: list[Path]) -> None:
         self.start("superlink", [str(BIN / "flower-superlink"),
@@ -551,9 +556,26 @@ class Deployment:
                             "test")
             assert "registered successfully" in out, out
             self.supernode(f"node{k}", f"supernode_{k + 1}",
-                           f"partition-id={k} num-partitions={len(sites)} data-root='{site}'")
-        wait_for(lambda: self.log("superlink").count("Activated node_id") >= len(sites), 120,
-                 "the SuperNodes to join")
+                           f"partition-id={k} num-partitions={len(sites)} data-root='{site}' "
+                           f"audit-dir='{self.root / f'audit{k}'}'")
+        self.old_site(sites[-1], len(sites))
+        wait_for(lambda: self.log("superlink").count("Activated node_id") >= len(sites) + 1,
+                 120, "the SuperNodes to join")
+
+    def old_site(self, site: Path, n: int) -> None:
+        """A registered SuperNode whose protofl is another minor version (its metadata, first
+        on its path, says 9.9.0): it must answer every run with one line and be left out."""
+        meta = self.root / "old_protofl" / f"protofl-{OLD_VERSION}.dist-info"
+        meta.mkdir(parents=True)
+        (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: protofl\n"
+                                       f"Version: {OLD_VERSION}\n")
+        path = os.pathsep.join([str(meta.parent), *filter(None, [os.environ.get(
+            "PYTHONPATH")])])
+        out = self.flwr("supernode", "register", str(self.certs / "supernode_4.pub"), "test")
+        assert "registered successfully" in out, out
+        self.supernode("old", "supernode_4", f"partition-id={n - 1} num-partitions={n} "
+                       f"data-root='{site}' audit-dir='{self.root / 'audit_old'}'",
+                       {**self.env, "PYTHONPATH": path})
 
     @staticmethod
     def _listening(port: int) -> bool:
@@ -624,7 +646,7 @@ def test_flower_deployment_refuses_an_unknown_supernode(deployment):
     assert "Exit Code: 305" in deployment.log("intruder")
     assert "Failed to activate SuperNode" in deployment.log("intruder")
     assert "No SuperNode found with the given public key" in deployment.log("superlink")
-    assert deployment.log("superlink").count("Activated node_id") == 2
+    assert deployment.log("superlink").count("Activated node_id") == 3  # 2 sites + the old
 
 
 def test_flower_deployment_site_mode_with_tls_and_authentication(deployment):
@@ -650,6 +672,14 @@ def test_flower_deployment_site_mode_with_tls_and_authentication(deployment):
         "0", "1"}
     log = (out / LOG_FILE).read_text()
     assert "site 0 (node" in log and "15 training and 3 held-out samples" in log
+    assert (f"left out (it cannot join): ProtoflError: flower: version mismatch: the server "
+            f"runs protofl {protofl_version()}, this node {OLD_VERSION}") in log
+    for k in range(2):  # each site's audit log: what it sent, message by message
+        (path,) = (deployment.root / f"audit{k}").glob(f"run*-partition{k}.jsonl")
+        sent = [json.loads(x) for x in path.read_text().splitlines()]
+        assert [x["message"] for x in sent] == ["query", "train", "train", "evaluate"]
+        assert "num-examples" in sent[0]["entries"] and sent[1]["secure"] is False
+    assert not (deployment.root / "audit_old").exists()  # it sent nothing but its refusal
 
 
 def test_flower_deployment_fedmargin_two_rounds(deployment):

@@ -80,3 +80,49 @@ def test_existing_files_are_not_overwritten(certs):
     r = subprocess.run(["bash", str(SCRIPT), str(certs), "1"], capture_output=True, text=True)
     assert r.returncode == 2 and "not overwriting" in r.stderr
     assert (certs / "ca.crt").read_bytes() == before
+
+
+# ---- scripts/flower-prod-certs.sh: a passphrase-protected CA, a CSR signed by it ----
+
+PROD = SCRIPT.with_name("flower-prod-certs.sh")
+
+
+def prod(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(PROD), *map(str, args)], capture_output=True, text=True)
+
+
+def test_superlink_certificate_from_a_passphrase_protected_ca(tmp_path):
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    d, phrase = tmp_path / "pki", tmp_path / "pass"
+    phrase.write_text("correct horse battery staple\n")
+    assert prod("ca", d, phrase).returncode == 0
+    key = (d / "ca.key").read_bytes()
+    assert key.startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----")
+    with pytest.raises(TypeError):  # unusable without the passphrase
+        load_pem_private_key(key, password=None)
+    load_pem_private_key(key, password=b"correct horse battery staple")
+    assert prod("csr", d, "localhost,127.0.0.1").returncode == 0
+    wrong = tmp_path / "wrong"
+    wrong.write_text("guess\n")
+    r = prod("sign", d / "ca.crt", d / "ca.key", wrong, d / "server.csr", d / "server.pem")
+    assert r.returncode == 2 and "wrong passphrase" in r.stderr and not (d / "server.pem").exists()
+    r = prod("sign", d / "ca.crt", d / "ca.key", phrase, d / "server.csr", d / "server.pem")
+    assert r.returncode == 0, r.stderr
+    for name in ("127.0.0.1", "localhost"):
+        assert handshake(d, name) == b"ok"
+    with pytest.raises(ssl.SSLCertVerificationError):
+        handshake(d, "example.org")
+    r = prod("sign", d / "ca.crt", d / "ca.key", phrase, d / "server.csr", d / "server.pem")
+    assert r.returncode == 2 and "not overwriting" in r.stderr
+
+
+def test_site_key_for_a_rotation(tmp_path):
+    from cryptography.hazmat.primitives.serialization import load_ssh_public_key
+
+    assert prod("site-key", tmp_path / "k" / "site1_2027", "site1").returncode == 0
+    assert load_ssh_public_key((tmp_path / "k" / "site1_2027.pub").read_bytes()).curve.name \
+        == "secp384r1"
+    r = prod("site-key", tmp_path / "k" / "site1_2027")
+    assert r.returncode == 2 and "not overwriting" in r.stderr
+    assert prod("nonsense").returncode == 2

@@ -5,6 +5,7 @@ upload; client-side DP noise travels inside the masked sum. One Ray start runs e
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -20,6 +21,7 @@ from protofl.config import Config, config_from_dict  # noqa: E402
 from protofl.engine.experiment import Experiment  # noqa: E402
 from protofl.errors import ProtoflError  # noqa: E402
 from protofl.flower import client_app as protofl_client  # noqa: E402
+from protofl.flower.node import AUDIT_ENV  # noqa: E402
 from protofl.flower.server_app import run_on_grid  # noqa: E402
 from protofl.nested import flatten  # noqa: E402
 
@@ -41,15 +43,16 @@ def tiny(algorithm: str, privacy: dict, algo: dict | None = None, rounds: int = 
 
 
 SECAGG = {"secagg": True, "secagg_max_weight": 200.0}
+REPRO = {"reproducible_noise": True}  # seeded noise (not private): runs to compare
 CASES = {
     "fedavg": tiny("fedavg", SECAGG),
     "fedprox": tiny("fedprox", SECAGG),
     "fedmargin": tiny("fedmargin", SECAGG, {"scores": "client"}),
     "fedproin": tiny("fedproin", SECAGG, rounds=1),
-    "dp": tiny("fedavg", {**SECAGG, "noise_multiplier": 0.5, "noise": "client"}),
+    "dp": tiny("fedavg", {**SECAGG, **REPRO, "noise_multiplier": 0.5, "noise": "client"}),
     # DP without SecAgg: the server noises raw uploads, or the ClientApps send noised shares
-    "dp_server": tiny("fedmargin", {"noise_multiplier": 0.5}, {"weights": "fair"}),
-    "dp_client": tiny("fedmargin", {"noise_multiplier": 0.5, "noise": "client"},
+    "dp_server": tiny("fedmargin", {**REPRO, "noise_multiplier": 0.5}, {"weights": "fair"}),
+    "dp_client": tiny("fedmargin", {**REPRO, "noise_multiplier": 0.5, "noise": "client"},
                       {"scores": "client"}),
 }
 
@@ -73,9 +76,13 @@ def simulated(tmp_path_factory) -> dict:
     client.query()(protofl_client.describe)
     client.evaluate()(protofl_client.evaluate)
     start = time.monotonic()
-    run_simulation(server, client, num_supernodes=CLIENTS,
-                   backend_config={"client_resources": {"num_cpus": 1},
-                                   "init_args": {"num_cpus": 2}})
+    os.environ[AUDIT_ENV] = str(root / "audit")  # the virtual nodes' audit logs
+    try:
+        run_simulation(server, client, num_supernodes=CLIENTS,
+                       backend_config={"client_resources": {"num_cpus": 1},
+                                       "init_args": {"num_cpus": 2}})
+    finally:
+        os.environ.pop(AUDIT_ENV, None)
     done["seconds"] = time.monotonic() - start
     done["root"] = root
     return done

@@ -192,12 +192,16 @@ def test_clipping_bound_holds_on_the_uploads_of_a_run(tmp_path):
 
 
 def test_dp_run_is_reproducible_and_logs_growing_epsilon(tmp_path):
-    run_experiment(cfg(privacy={"noise_multiplier": SIGMA}), tmp_path / "a")
-    run_experiment(cfg(privacy={"noise_multiplier": SIGMA}), tmp_path / "b")
-    run_experiment(cfg(privacy={"noise_multiplier": SIGMA}, seed=1), tmp_path / "c")
+    """With privacy.reproducible_noise (tests only) a DP run repeats exactly, and says on
+    every line that it is not private."""
+    repro = {"noise_multiplier": SIGMA, "reproducible_noise": True}
+    run_experiment(cfg(privacy=repro), tmp_path / "a")
+    run_experiment(cfg(privacy=repro), tmp_path / "b")
+    run_experiment(cfg(privacy=repro, seed=1), tmp_path / "c")
     a, b, c = (rows(tmp_path / n) for n in "abc")
     assert a == [{**r, "seconds": a[i]["seconds"]} for i, r in enumerate(b)]
     assert a[-1]["accuracy"] != c[-1]["accuracy"]
+    assert all(r["private"] is False for r in a)
     eps = [r["epsilon"] for r in a]
     acc = Accountant(SIGMA, 6, 3, 1e-5)  # fedavg: one part, the update
     assert eps == pytest.approx([acc.epsilon(t) for t in (1, 2, 3)])
@@ -227,7 +231,8 @@ def test_budget_stops_the_run_and_resume_keeps_it(tmp_path, caplog):
 def test_client_side_noise_runs_in_the_trainers_and_matches_its_accounting(monkeypatch):
     runs = {}
     for trainer in ("sequential", "vectorized", "parallel"):  # parallel: the hook in the parent
-        exp = Experiment(cfg("fedmargin", {"noise_multiplier": SIGMA, "noise": "client"},
+        exp = Experiment(cfg("fedmargin", {"noise_multiplier": SIGMA, "noise": "client",
+                                           "reproducible_noise": True},
                              {"scores": "client"}, trainer=trainer, workers=2))
         runs[trainer] = exp
         exp.run()
@@ -238,7 +243,8 @@ def test_client_side_noise_runs_in_the_trainers_and_matches_its_accounting(monke
             torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
     with monkeypatch.context() as m:  # the same run with the clients' noise left out
         m.setattr(SumForm, "noised", lambda self, tree, gen, shares=1: tree)
-        quiet = Experiment(cfg("fedmargin", {"noise_multiplier": SIGMA, "noise": "client"},
+        quiet = Experiment(cfg("fedmargin", {"noise_multiplier": SIGMA, "noise": "client",
+                                             "reproducible_noise": True},
                                {"scores": "client"}, trainer="sequential"))
         quiet.run()
     q = flatten(quiet.state)
@@ -337,3 +343,92 @@ def test_uploads_are_two_levels_deep_and_declare_their_kinds(algorithm):
     assert set(spec) == set(flat) and all(e.kind in KINDS for e in spec.values())
     for e in spec.values():
         assert not e.weighed_by or spec[e.weighed_by].kind in ("counts", "presence")
+
+
+# ---- the noise cannot be regenerated from what a run publishes ----
+
+def strip_noise_attack(folder, noise: str) -> tuple[dict, dict]:
+    """What an attacker holding ``config.json`` and the released round-1 model makes of it
+    (fedavg, DP): the noise regenerated from the published seed (as the seeded code draws
+    it), subtracted from the released weights. Returns (recovered, released) params."""
+    from protofl.seeding import CLIENT_NOISE, NOISE, torch_gen
+
+    raw = runfolder.load_config_json(folder)
+    seed, k = raw["seed"], raw["clients"]["per_round"]
+    exp = Experiment(config_from_dict({**raw, "rounds": 1}))
+    flat = flatten(exp.state)
+    zeros = {"delta": {n: torch.zeros_like(flat[n], dtype=torch.float64)
+                       for n in exp.private.form.weights}}
+    clients = rows(folder)[0]["clients"]
+    if noise == "server":
+        gens = [(torch_gen(seed, NOISE, 1), 1)]
+    else:
+        gens = [(torch_gen(seed, CLIENT_NOISE, 1, c), k) for c in clients]
+    total = {n: torch.zeros_like(v) for n, v in zeros["delta"].items()}
+    for gen, shares in gens:
+        for n, v in exp.private.form.noised(zeros, gen, shares)["delta"].items():
+            total[n] += v
+    released = flatten(runfolder.load_checkpoint(folder)["state"])
+    return {n: released[n].double() - total[n] / k for n in total}, released
+
+
+@pytest.mark.parametrize("noise", ["server", "client"])
+def test_dp_noise_cannot_be_regenerated_from_the_published_seed(tmp_path, monkeypatch, noise):
+    """The seeded noise (privacy.reproducible_noise) is stripped exactly from the released
+    model by regenerating it from config.json's seed; the default noise (the OS's CSPRNG)
+    is not: what is left is still about as far from the exact mean as the noise is."""
+    original = SumForm.noised
+    for name, extra in (("seeded", {"reproducible_noise": True}), ("secret", {})):
+        exact = []  # what the noise is added to: the sum (server) or each contribution
+
+        def spy(self, tree, gen, shares=1, exact=exact):
+            exact.append(tree["delta"])
+            return original(self, tree, gen, shares)
+
+        out = tmp_path / name
+        privacy = {"noise_multiplier": SIGMA, "noise": noise, **extra}
+        with monkeypatch.context() as m:
+            m.setattr(SumForm, "noised", spy)
+            run_experiment(cfg(privacy=privacy, rounds=1, checkpoint_every=1), out)
+        recovered, _ = strip_noise_attack(out, noise)
+        base = flatten(Experiment(cfg(privacy=privacy, rounds=1)).state)
+        assert len(exact) == (1 if noise == "server" else 3)
+        for n, got in recovered.items():
+            want = base[n].double() + sum(d[n] for d in exact) / 3  # the un-noised mean
+            gap = float((got - want).abs().max())
+            if name == "seeded":
+                assert gap < 1e-5, n  # the attack works: the noise protects nothing
+            else:
+                assert gap > 0.05, n  # std sigma C / K' = 1/3 per entry is still there
+        assert rows(out)[0].get("private", True) is (name == "secret")
+
+
+def test_os_entropy_noise_is_standard_normal_and_never_repeats():
+    """The CSPRNG's Gaussian (Box-Muller over os.urandom) against N(0, 1) by a KS test; two
+    draws differ; the seeded source repeats (it is torch.randn with the keyed generator)."""
+    from scipy import stats
+
+    from protofl.privacy.noise import OsEntropy, gaussian, noise_source
+    from protofl.seeding import torch_gen
+
+    a = gaussian((401, 50), torch.float64, OsEntropy())
+    assert a.shape == (401, 50) and a.dtype == torch.float64
+    assert stats.kstest(a.flatten().numpy(), "norm").pvalue > 1e-4
+    assert not torch.equal(a, gaussian((401, 50), torch.float64, OsEntropy()))
+    assert isinstance(noise_source(False, 0, 6, 1), OsEntropy)
+    seeded = gaussian((7,), torch.float32, noise_source(True, 3, 6, 1))
+    assert torch.equal(seeded, torch.randn(7, generator=torch_gen(3, 6, 1)))
+
+
+def test_report_says_not_private_for_seeded_noise(tmp_path, capsys):
+    from protofl.cli import main
+
+    run_experiment(cfg(privacy={"noise_multiplier": SIGMA, "reproducible_noise": True},
+                       rounds=1), tmp_path / "runs" / "seeded")
+    run_experiment(cfg(privacy={"noise_multiplier": SIGMA}, rounds=1), tmp_path / "runs" / "dp")
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "r.html")]) == 0
+    said = capsys.readouterr().out
+    assert "NOT PRIVATE: 1 run(s)" in said and "seeded" in said and "runs/dp" not in said
+    assert "<h1>NOT PRIVATE" in (tmp_path / "r.html").read_text()
+    assert main(["report", str(tmp_path / "runs" / "dp"), "--out", str(tmp_path / "d.html")]) == 0
+    assert "NOT PRIVATE" not in capsys.readouterr().out

@@ -104,17 +104,23 @@ def cmd_compare(args) -> int:
 
 
 def cmd_report(args) -> int:
+    from protofl.privacy.flags import not_private_warning
     from protofl.report.html import write_html
     from protofl.report.markdown import write_markdown
     from protofl.report.sections import sections
 
     secs = sections([_path(d) for d in args.dirs])
+    title = args.title
+    warning = not_private_warning([r for s in secs for r in s.runs])
+    if warning:  # in the page's title and on the terminal
+        print(f"report: {warning}")
+        title = f"NOT PRIVATE - {title}"
     if args.markdown:
         written = write_markdown(secs, _path(args.markdown),
                                  _path(args.figures) if args.figures else None, args.overwrite)
         print(f"markdown: {written[0]} (+ {len(written) - 1} figures)")
     if args.out or not args.markdown:
-        out = write_html(secs, _path(args.out or "report.html"), args.overwrite, args.title)
+        out = write_html(secs, _path(args.out or "report.html"), args.overwrite, title)
         print(f"report: {out} (open it in any browser; nothing is fetched)")
     return 0
 

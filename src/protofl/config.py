@@ -295,6 +295,10 @@ class PrivacyConfig:
                                       "[-range, range]; it is quantised to 2^22 levels", gt=0)
     secagg_max_weight: float = option(1000.0, "SecAgg+ without DP: sample counts are divided "
                                               "by this to fit the range", gt=0)
+    reproducible_noise: bool = option(False, "TESTS ONLY: draw the DP noise from the run seed "
+                                             "(anyone with config.json can remove it; every "
+                                             "metrics line says private: false) instead of "
+                                             "the OS's CSPRNG")
 
 
 @dataclass

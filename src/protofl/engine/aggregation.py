@@ -35,6 +35,8 @@ class Aggregation:
 
     individual = True
     noised = False  # whether the aggregate carries DP noise (a poor early model by design)
+    private = False  # whether any privacy layer is on (DP or secure sums)
+    client_noise = False  # whether clients add DP noise to what they send
 
     def __init__(self, alg: Algorithm):
         self.alg = alg

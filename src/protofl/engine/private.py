@@ -3,8 +3,9 @@
 :func:`layers` stacks, around the algorithm's ``aggregate_private``:
 
 - :class:`SumOfContributions`: the replies are contributions (``privacy.contrib.SumForm``);
-  their sum, with the server's noise (:class:`ServerNoise`, from a generator keyed by
-  (seed, NOISE, round)) under server-side DP, becomes the estimate the algorithm reads;
+  their sum, with the server's noise under server-side DP (:class:`ServerNoise`: from the
+  OS's CSPRNG; with ``privacy.reproducible_noise``, tests only, from a generator keyed by
+  (seed, NOISE, round)), becomes the estimate the algorithm reads;
 - :class:`ServerContributions` (server-side noise): the clients send their raw uploads and
   the server clips them into contributions, or :class:`ClientContributions` (client-side
   noise, secure sums): each client computes its contribution, with its share of the noise,
@@ -30,7 +31,8 @@ from protofl.errors import ProtoflError
 from protofl.nested import flatten
 from protofl.privacy.accountant import Accountant, Budget
 from protofl.privacy.contrib import SumForm, SumSettings, check_secure_range
-from protofl.seeding import CLIENT_NOISE, NOISE, torch_gen
+from protofl.privacy.noise import noise_source
+from protofl.seeding import CLIENT_NOISE, NOISE
 
 if TYPE_CHECKING:
     from protofl.engine.train import RoundContext
@@ -86,6 +88,7 @@ class SumOfContributions(Aggregation):
     estimate the algorithm's ``aggregate_private`` makes the next state from."""
 
     individual = False
+    private = True
 
     def __init__(self, alg: Algorithm, form: SumForm, noise: ServerNoise | None = None):
         super().__init__(alg)
@@ -107,17 +110,21 @@ class SumOfContributions(Aggregation):
 
 
 class ServerNoise:
-    """The server's Gaussian noise on a round's sum (server-side DP)."""
+    """The server's Gaussian noise on a round's sum (server-side DP): from the operating
+    system's CSPRNG, or with ``reproducible`` (tests only) from the run seed."""
 
-    def __init__(self, form: SumForm, seed: int):
-        self.form, self.seed = form, seed
+    def __init__(self, form: SumForm, seed: int, reproducible: bool):
+        self.form, self.seed, self.reproducible = form, seed, reproducible
 
     def __call__(self, total: Tensors, round: int) -> Tensors:
-        return self.form.noised(total, torch_gen(self.seed, NOISE, round))
+        return self.form.noised(total, noise_source(self.reproducible, self.seed, NOISE,
+                                                    round))
 
 
 class Layer(Aggregation):
     """A layer around ``inner``: everything it does not change is the inner layer's."""
+
+    private = True
 
     def __init__(self, inner: Aggregation):
         super().__init__(inner.alg)
@@ -131,6 +138,10 @@ class Layer(Aggregation):
     @property
     def noised(self) -> bool:
         return self.inner.noised
+
+    @property
+    def client_noise(self) -> bool:
+        return self.inner.client_noise
 
     def client_hook(self, noise_seed: int | None = None):
         return self.inner.client_hook(noise_seed)
@@ -185,20 +196,26 @@ class ClientContributions(Layer):
     """Each client computes its contribution (with its share of the noise under client-side
     DP) before the upload leaves it; the replies are contributions."""
 
-    def __init__(self, inner: SumOfContributions, seed: int, secure_range: float | None):
+    def __init__(self, inner: SumOfContributions, seed: int, secure_range: float | None,
+                 reproducible: bool):
         super().__init__(inner)
-        self.seed = seed
+        self.seed, self.reproducible = seed, reproducible
         self.secure_range = secure_range  # secure sums: what SecAgg+ can carry
+
+    @property
+    def client_noise(self) -> bool:
+        return self.form.settings.client_noise
 
     def client_hook(self, noise_seed: int | None = None
                     ) -> Callable[[RoundContext, int, Tensors], Tensors]:
-        """The hook making an upload a contribution; client-side noise is drawn from
-        ``noise_seed`` (a node's own secret), else from the run seed."""
+        """The hook making an upload a contribution; client-side noise is drawn from the
+        OS's CSPRNG, or with ``privacy.reproducible_noise`` (tests only) from ``noise_seed``
+        (a node's own), else the run seed."""
         seed = self.seed if noise_seed is None else noise_seed
-        noise = self.form.settings.client_noise
 
         def contribute(rc: RoundContext, client: int, upload: Tensors) -> Tensors:
-            gen = torch_gen(seed, CLIENT_NOISE, rc.round, client) if noise else None
+            gen = noise_source(self.reproducible, seed, CLIENT_NOISE, rc.round,
+                               client) if self.client_noise else None
             out = self.form.contribution(upload, rc.broadcast, None, gen)[0]
             if self.secure_range is not None:
                 check_secure_range(out, self.form.spec(), self.secure_range, client)
@@ -210,9 +227,10 @@ class Accounting(Layer):
     """Client-level DP's accountant: ``epsilon`` after every round, and the budget."""
 
     def __init__(self, inner: Layer, core: SumOfContributions, accountant: Accountant,
-                 budget: Budget | None):
+                 budget: Budget | None, reproducible: bool):
         super().__init__(inner)
         self.core, self.accountant, self.budget = core, accountant, budget
+        self.reproducible = reproducible
         self.multipliers: list[float] = []  # one per round that released an aggregate
 
     def aggregate(self, state, broadcast, replies, round):
@@ -223,6 +241,8 @@ class Accounting(Layer):
     def after_round(self, record, round):
         self.inner.after_round(record, round)
         record["epsilon"] = self.epsilon()
+        if self.reproducible:  # its noise can be regenerated from the seed
+            record["private"] = False
 
     def epsilon(self) -> float:
         """Epsilon at ``delta`` after the rounds so far."""
@@ -256,9 +276,10 @@ def layers(cfg: Config, alg: Algorithm, num_clients: int, state: Tensors) -> Agg
         clients=cfg.clients.per_round, client_noise=client_noise,
         scale=p.secagg_max_weight if p.secagg and not dp else 1.0)
     form = SumForm(alg, flatten(alg.broadcast(state)), settings)
-    core = SumOfContributions(alg, form, ServerNoise(form, cfg.seed)
+    core = SumOfContributions(alg, form, ServerNoise(form, cfg.seed, p.reproducible_noise)
                               if dp and not client_noise else None)
-    outer: Layer = (ClientContributions(core, cfg.seed, p.secagg_range if p.secagg else None)
+    outer: Layer = (ClientContributions(core, cfg.seed, p.secagg_range if p.secagg else None,
+                                        p.reproducible_noise)
                     if p.secagg or client_noise else ServerContributions(core, dp))
     if not dp:
         return outer
@@ -279,4 +300,4 @@ def layers(cfg: Config, alg: Algorithm, num_clients: int, state: Tensors) -> Agg
                                "privacy.noise_multiplier")
     if alg.private_fallback and p.noise == "server":
         log.warning("privacy: %s: %s", alg.name, alg.private_fallback)
-    return Accounting(outer, core, accountant, budget)
+    return Accounting(outer, core, accountant, budget, p.reproducible_noise)

@@ -14,6 +14,13 @@ here and sent back as an error reply, and the server leaves the node out) and re
 sample counts. An ``evaluate`` message is answered, in either mode, with the node's
 confusion matrix and summed loss on its held-out split (``metrics/sites.py``): no sample,
 label or prediction leaves the node.
+
+What a node decides for itself (``flower/node.py``): it imports nothing the server's config
+names (``callbacks`` and trackers run on the server only), it trains on its own ``device``
+(the CPU, logged, when it lacks the one asked for), ``threads`` and ``eval-batch``; it refuses
+(one line) a server whose protofl minor or torch major version differs from its own; and it
+writes one audit line per message it sends (``audit-dir``). Under privacy (DP or SecAgg) it
+reports no sample counts: only whether it holds data.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from protofl.engine import hetero
 from protofl.engine.schedule import Job
 from protofl.engine.train import ClientResult, RoundContext, train_client
 from protofl.errors import ProtoflError
+from protofl.flower.node import VERSIONS_RECORD, AuditLog, check_versions, node_config_json
 from protofl.flower.records import tree_from_records, tree_to_records
 from protofl.flower.setup import Node, check_partitions, node_build
 from protofl.metrics.sites import score_split
@@ -49,13 +57,16 @@ def partition_of(context: Context) -> tuple[int, int]:
 
 
 def node_experiment(cfg_json: str, context: Context) -> Node:
-    """The run's Node on this node (its own files in site mode); a ProtoflError (a site
-    whose files do not fit the federation) is logged on the node before it is raised."""
+    """The run's Node on this node (its own files in site mode, the model its node config
+    names in a heterogeneous run); a ProtoflError (a site whose files do not fit the
+    federation) is logged on the node before it is raised."""
     pid, _ = partition_of(context)
     nc = context.node_config
     try:
-        return node_build(hetero.node_config(cfg_json, str(nc.get(hetero.NODE_MODEL, ""))),
-                          str(nc.get(DATA_ROOT, "")), str(nc.get(DATA_NAME, "")), pid)
+        cfg_json = hetero.node_config(node_config_json(cfg_json, nc),
+                                      str(nc.get(hetero.NODE_MODEL, "")))
+        return node_build(cfg_json, str(nc.get(DATA_ROOT, "")), str(nc.get(DATA_NAME, "")),
+                          pid)
     except ProtoflError as e:
         log(ERROR, "protofl: this node cannot join the run: %s", e)
         raise
@@ -66,22 +77,47 @@ def own_model(context: Context) -> bool:
     return bool(context.node_config.get(hetero.NODE_MODEL, ""))
 
 
+def audit(context: Context) -> AuditLog:
+    return AuditLog(context.node_config, context.run_id, partition_of(context)[0])
+
+
+def checked(msg: Message, cfg_json: str | None = None) -> None:
+    """Refuse (one line) a message from a server of another protofl/torch version."""
+    try:
+        check_versions(msg.content.config_records.get(VERSIONS_RECORD), cfg_json)
+    except ProtoflError as e:
+        log(ERROR, "protofl: this node refuses the run: %s", e)
+        raise
+
+
 app = ClientApp()
+
+
+def describe_info(query: ConfigRecord | None, context: Context) -> dict:
+    """What a node says of itself: its partition and, when the query carries the run's
+    config, its training and held-out sample counts (site mode: after checking its files
+    against the federation); under privacy (DP or SecAgg) only whether it holds data."""
+    pid, n = partition_of(context)
+    info = {"partition-id": pid, "num-partitions": n}
+    if query is not None and "config" in query:
+        node = node_experiment(str(query["config"]), context)
+        data = node.fed.data
+        check_partitions(n, data)
+        train = int(data.train_sizes[pid])
+        if node.aggregation.private:  # the counts are private: only whether there are any
+            info["num-examples"] = int(train > 0)
+        else:
+            info.update({"num-examples": train,
+                         "num-test": int(len(data.client_test(pid)[1]))})
+    return info
 
 
 @app.query()
 def describe(msg: Message, context: Context) -> Message:
-    """Reply to a ``query``: which partition this node holds and, when the query carries the
-    run's config, how many training and held-out samples it has (site mode: after checking
-    its files against the federation)."""
-    pid, n = partition_of(context)
-    info = {"partition-id": pid, "num-partitions": n}
-    query = msg.content.config_records.get("query")
-    if query is not None and "config" in query:
-        data = node_experiment(str(query["config"]), context).fed.data
-        check_partitions(n, data)
-        info.update({"num-examples": int(data.train_sizes[pid]),
-                     "num-test": int(len(data.client_test(pid)[1]))})
+    """Reply to a ``query`` with :func:`describe_info` (after checking the versions)."""
+    checked(msg)
+    info = describe_info(msg.content.config_records.get("query"), context)
+    audit(context).write("query", None, info)
     return Message(RecordDict({"node": ConfigRecord(info)}), reply_to=msg)
 
 
@@ -119,14 +155,18 @@ def train(msg: Message, context: Context) -> Message:
 
     if secure_client.is_secure(msg):
         return secure_client.secure_train(msg, context)
-    node, result, key = train_job(msg.content.config_records["job"], context,
-                                  tree_from_records(msg.content, "broadcast"))
+    job = msg.content.config_records["job"]
+    checked(msg, str(job["config"]))
+    node, result, key = train_job(job, context, tree_from_records(msg.content, "broadcast"))
     if result.state:
         tree_to_records(result.state, key, context.state)
     content = tree_to_records(result.upload, "upload", RecordDict())
-    content["metrics"] = MetricRecord({
-        "loss": float(result.loss), "client": result.client,
-        "num-examples": int(len(node.fed.data.client_train(result.client)[1]))})
+    metrics = {"loss": float(result.loss), "client": result.client}
+    if not node.aggregation.private:  # under privacy the count stays here (or in the sum)
+        metrics["num-examples"] = int(len(node.fed.data.client_train(result.client)[1]))
+    content["metrics"] = MetricRecord(metrics)
+    audit(context).write("train", int(job["round"]), {"upload": result.upload, **metrics},
+                         noised=node.aggregation.client_noise)
     return Message(content, reply_to=msg)
 
 
@@ -136,6 +176,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     the model it is evaluated with (``eval_weights``: the global one, or a personalised
     client's own, before its first round the one it would start from)."""
     job = msg.content.config_records["job"]
+    checked(msg, str(job["config"]))
     pid, _ = partition_of(context)
     b = node_experiment(str(job["config"]), context).fed
     server_state = tree_from_records(msg.content, "state")
@@ -147,4 +188,5 @@ def evaluate(msg: Message, context: Context) -> Message:
                       x, y, b.data.num_classes, b.spec.metrics.eval_batch, b.data.inputs)
     out = {"confusion": torch.from_numpy(got.confusion),
            "loss_sum": torch.tensor(got.loss_sum, dtype=torch.float64)}
+    audit(context).write("evaluate", int(job["round"]), out)
     return Message(tree_to_records(out, "eval", RecordDict()), reply_to=msg)

@@ -12,9 +12,10 @@ times K'' is the sum the engine's privacy layers (``engine/private.py``) turn in
 
 Without SecAgg, ``privacy.noise: client`` still has each ClientApp send its noised
 contribution instead of its upload (``secure_client.upload_hook``, the ClientApp's half of
-this module, kept apart so nodes import no server code). A node's noise is drawn from the
-run seed unless its node config sets ``noise-seed`` (a secret the server does not know, as a
-deployment against a curious server needs).
+this module, kept apart so nodes import no server code). A node draws its noise from its own
+operating system's CSPRNG: no seed the server (or anyone) knows can regenerate it. Only with
+``privacy.reproducible_noise`` (tests) is it drawn from the run seed, or from the node's
+``noise-seed`` node config when it sets one.
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ class SecureTrainer(FlowerTrainer):
         params = ndarrays_to_parameters(arrays)
         sends = [(self.nodes[j.client], FitIns(params, {
             "round": rnd, "client": j.client, "units": j.units, "straggler": j.straggler,
-            "config": self.cfg_json, "skeleton": skeleton})) for j in jobs]
+            "config": self.cfg_json, "skeleton": skeleton, **self.versions}))
+            for j in jobs]
         strategy = _Round(self.grid, sends)
         ctx = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
                                     run_config={}),

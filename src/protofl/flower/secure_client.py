@@ -16,13 +16,13 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.compat.common import recorddict_compat as compat
 
 from protofl.errors import ProtoflError
-from protofl.flower.client_app import train_job
+from protofl.flower.client_app import audit, train_job
+from protofl.flower.node import check_versions
 from protofl.flower.records import tree_from_arrays, tree_to_records
 from protofl.flower.setup import Node
 from protofl.nested import flatten
-from protofl.privacy.contrib import check_secure_range
 
-NOISE_SEED = "noise-seed"  # node-config key: this node's secret seed for its DP noise
+NOISE_SEED = "noise-seed"  # node config, privacy.reproducible_noise only: this node's seed
 
 
 def upload_hook(b: Node, context: Context) -> Any:
@@ -48,6 +48,7 @@ def fit(msg: Message, context: Context) -> Message:
     legacy ``FitRes`` the mod masks (weight 1; the loss last, clamped to the range)."""
     ins = compat.recorddict_to_fitins(msg.content, keep_input=True)
     job = ins.config
+    check_versions(job, str(job["config"]))
     broadcast = tree_from_arrays(parameters_to_ndarrays(ins.parameters), str(job["skeleton"]))
     b, result, key = train_job(job, context, broadcast)
     if not b.fed.spec.privacy.secagg:
@@ -57,11 +58,12 @@ def fit(msg: Message, context: Context) -> Message:
                            f"(loss {result.loss})")
     if result.state:
         tree_to_records(result.state, key, context.state)
-    reach = b.fed.spec.privacy.secagg_range
-    check_secure_range(result.upload, b.aggregation.reply_spec(), reach, result.client)
-    flat = flatten(result.upload)
+    reach = b.fed.spec.privacy.secagg_range  # the contribution's range was checked as made
+    flat, names = flatten(result.upload), list(b.aggregation.reply_spec())
     arrays = [np.ascontiguousarray(flat[name].detach().to("cpu", torch.float64).numpy())
-              for name in b.aggregation.reply_spec()]
+              for name in names]
     arrays.append(np.array([min(max(result.loss, -reach), reach)]))
+    audit(context).write("train", int(job["round"]), dict(zip([*names, "loss"], arrays)),
+                         secure=True, noised=b.aggregation.client_noise)
     res = FitRes(Status(Code.OK, "ok"), ndarrays_to_parameters(arrays), 1, {})
     return Message(compat.fitres_to_recorddict(res, keep_input=False), reply_to=msg)

@@ -48,6 +48,7 @@ from protofl.engine.callbacks import Callback, RunFolder, TestMetrics, metric_ca
 from protofl.engine.experiment import Experiment
 from protofl.engine.train import ClientResult, RoundContext
 from protofl.errors import ProtoflError
+from protofl.flower.node import VERSIONS_RECORD, versions
 from protofl.flower.records import tree_from_records, tree_to_records
 from protofl.flower.setup import OUT, check_partitions, config_from_run
 from protofl.metrics.sites import SiteScore, pooled_figures
@@ -89,6 +90,7 @@ class FlowerTrainer(Callback):
         self.restored_sizes: np.ndarray | None = None  # site mode: from the checkpoint
         self.rejected: list[dict[str, Any]] = []
         self.cfg_json = ""
+        self.versions: dict[str, str] = {}
 
     @property
     def sites(self) -> bool:
@@ -98,6 +100,11 @@ class FlowerTrainer(Callback):
     def on_run_start(self, exp: Experiment) -> None:
         self.exp = exp
         self.cfg_json = json.dumps(exp.cfg.to_dict(), sort_keys=True)
+        self.versions = versions(self.cfg_json)  # sent with every query and job
+        if self.sites and exp.aggregation.private and exp.cfg.clients.sampling == "weighted":
+            raise ProtoflError("flower: under privacy the sites keep their sample counts to "
+                               "themselves, so clients.sampling = weighted cannot be met; set "
+                               "clients.sampling: uniform")
         self.nodes = self.discover(self.node_wait)
         if self.sites:
             exp.data.set_sizes(self.site_sizes())
@@ -116,14 +123,16 @@ class FlowerTrainer(Callback):
         while True:
             new = [n for n in self.grid.get_node_ids() if n not in asked]
             asked.update(new)
-            msgs = [Message(RecordDict({"query": ConfigRecord(query)}),
+            msgs = [Message(RecordDict({"query": ConfigRecord(query),
+                                        VERSIONS_RECORD: ConfigRecord(self.versions)}),
                             dst_node_id=n, message_type="query") for n in new]
             for reply in self._exchange(msgs, max(deadline - time.monotonic(), 5.0)):
                 node = reply.metadata.src_node_id
                 if reply.has_error():
+                    reason = short(reply.error.reason)
                     log.warning("node %s %s: %s", node, "left out (it cannot join)"
-                                if self.sites else "did not describe itself",
-                                short(reply.error.reason))
+                                if self.sites or "mismatch" in reason
+                                else "did not describe itself", reason)
                     continue
                 info = reply.content.config_records["node"]
                 check_partitions(int(info["num-partitions"]), self.exp.data)
@@ -214,7 +223,8 @@ class FlowerTrainer(Callback):
                 continue
             content = RecordDict({**records, "job": ConfigRecord({
                 "round": rnd, "client": job.client, "units": job.units,
-                "straggler": job.straggler, "config": self.cfg_json})})
+                "straggler": job.straggler, "config": self.cfg_json}),
+                VERSIONS_RECORD: ConfigRecord(self.versions)})
             msgs.append(Message(content, dst_node_id=node, message_type="train",
                                 group_id=str(rnd)))
             sent[node] = job.client
@@ -252,6 +262,7 @@ class FlowerTrainer(Callback):
         model is the global one, or a personalised client's own, which stays on its node)."""
         content = tree_to_records(state, "state", RecordDict())
         content["job"] = ConfigRecord({"round": rnd, "config": self.cfg_json})
+        content[VERSIONS_RECORD] = ConfigRecord(self.versions)
         msgs = [Message(RecordDict(dict(content)), dst_node_id=n, message_type="evaluate",
                         group_id=f"eval{rnd}") for n in self.nodes.values()]
         client_of = {n: k for k, n in self.nodes.items()}

@@ -38,7 +38,13 @@ from protofl.algorithms.base import Algorithm, Tensors, UploadEntry
 from protofl.errors import ProtoflError
 from protofl.nested import flatten, unflatten
 from protofl.privacy.clip import class_fractions, clip, clip_prototypes, l2_norm
-from protofl.privacy.noise import client_noise_std, distributed_multiplier, effective_multiplier
+from protofl.privacy.noise import (
+    NoiseSource,
+    client_noise_std,
+    distributed_multiplier,
+    effective_multiplier,
+    gaussian,
+)
 
 F64 = torch.float64
 DP_THRESHOLD = 2.0  # a noised count sum counts when above this many noise stds
@@ -103,7 +109,7 @@ class SumForm:
         return w if self.bounded else w / self.settings.scale
 
     def contribution(self, upload: Tensors, broadcast: Tensors, state: Tensors | None = None,
-                     gen: torch.Generator | None = None) -> tuple[Tensors, float]:
+                     gen: NoiseSource = None) -> tuple[Tensors, float]:
         """Client k's contribution (with its share of the noise when the clients add it) and
         the norm of its weights update before clipping (0 without weights)."""
         s, flat, base = self.settings, flatten(upload), flatten(broadcast)
@@ -169,13 +175,14 @@ class SumForm:
         out.update({f"proto.{k}": s.proto_clip for k in self.protos})
         return out
 
-    def noised(self, tree: Tensors, gen: torch.Generator | None, shares: int = 1) -> Tensors:
+    def noised(self, tree: Tensors, gen: NoiseSource, shares: int = 1) -> Tensors:
         """``tree`` plus N(0, (sigma * bound)^2 / shares) on every entry of every noised part
-        (``shares`` = K': one client's share of the noise)."""
+        (``shares`` = K': one client's share of the noise), drawn from ``gen``
+        (``privacy.noise.noise_source``)."""
         sigma, out = self.settings.multiplier, dict(tree)
 
         def noisy(v: Tensor, std: float) -> Tensor:  # drawn on the CPU: the same on any device
-            return v + std * torch.randn(v.shape, generator=gen, dtype=v.dtype).to(v.device)
+            return v + std * gaussian(v.shape, v.dtype, gen).to(v.device)
 
         for part, bound in self.bounds().items():
             top, _, key = part.partition(".")

@@ -6,12 +6,56 @@ clipped contributions. Client-side (for secure aggregation, where the server see
 sum), each of the K' clients adds N(0, (sigma C)^2 / K'), so the sum carries std sigma C again;
 if only K'' < K' of them arrive, the sum carries sigma C sqrt(K''/K') (``distributed_multiplier``)
 and the accountant must be told.
+
+The noise itself comes from the operating system's CSPRNG (``os.urandom``) by default
+(:class:`OsEntropy`, :func:`noise_source`): nothing a run logs, publishes or checkpoints can
+regenerate it. ``privacy.reproducible_noise`` draws it from the run seed instead, for tests
+only: anyone holding the run's config could then strip it, and the run is flagged as not
+private.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from protofl.seeding import torch_gen
+
+
+class OsEntropy:
+    """A source of Gaussian noise read from the operating system's CSPRNG on every draw; it
+    holds no state (nothing to log, seed or checkpoint)."""
+
+    def __repr__(self) -> str:
+        return "OsEntropy()"
+
+
+NoiseSource = torch.Generator | OsEntropy | None
+
+
+def noise_source(reproducible: bool, seed: int, *keys: int) -> NoiseSource:
+    """Where one draw of DP noise comes from: the OS's CSPRNG, or (``reproducible``, tests
+    only) a generator keyed by ``(seed, *keys)`` that anyone knowing the seed can rebuild."""
+    return torch_gen(seed, *keys) if reproducible else OsEntropy()
+
+
+def gaussian(shape: Sequence[int], dtype: torch.dtype, source: NoiseSource) -> torch.Tensor:
+    """Standard normal samples of ``shape`` on the CPU: Box-Muller over 53-bit uniforms from
+    ``os.urandom`` for :class:`OsEntropy`, else ``torch.randn`` with the generator."""
+    if not isinstance(source, OsEntropy):
+        return torch.randn(tuple(shape), generator=source, dtype=dtype)
+    n = math.prod(shape)
+    m = (n + 1) // 2
+    bits = np.frombuffer(os.urandom(16 * m), dtype=np.uint64) >> np.uint64(11)
+    u = bits.astype(np.float64) * 2.0 ** -53  # [0, 1) on a grid of 2^-53
+    radius = np.sqrt(-2.0 * np.log1p(-u[:m]))  # 1 - u in (0, 1]: a finite radius
+    angle = 2.0 * math.pi * u[m:]
+    z = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:n]
+    return torch.from_numpy(z.reshape(tuple(shape))).to(dtype)
 
 
 def client_noise_std(bound: float, multiplier: float, num_clients: int) -> float:
