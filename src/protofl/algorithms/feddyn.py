@@ -73,7 +73,8 @@ class FedDyn(Algorithm):
             raise ProtoflError("feddyn: the server update needs the federation's client count; "
                                "build the algorithm with a FederationInfo")
         m, a = self.federation.num_clients, self.opts.alpha
-        uniform = torch.full((len(uploads),), 1.0 / len(uploads), dtype=torch.float64)
+        uniform = torch.full((len(uploads),), 1.0 / len(uploads), dtype=torch.float64,
+                             device=uploads[0]["num_samples"].device)
         mean = weighted_average([u["params"] for u in uploads], uniform)
         h = {k: state["h"][k] - a / m * sum(u["params"][k] - state["params"][k]
                                             for u in uploads) for k in mean}
