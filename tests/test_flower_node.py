@@ -119,7 +119,7 @@ def test_a_node_imports_no_callback_the_servers_config_names(grid, tmp_path, mon
     cfg_json = json.dumps(cfg.to_dict(), sort_keys=True)
     g = grid()
     exp = client_app.node_experiment(cfg_json, g.contexts[11])
-    assert exp.cfg.callbacks == [] and not marker.exists() and EVIL not in sys.modules
+    assert exp.fed.spec.callbacks == [] and not marker.exists() and EVIL not in sys.modules
     run_on_grid(cfg, g, tmp_path / "run", node_wait=1)  # every node trains and evaluates
     assert EVIL in sys.modules  # the server loaded it: it runs there
     marker.unlink()
@@ -144,7 +144,7 @@ def test_under_secure_sums_a_node_sends_no_sample_count(grid, tmp_path):
         train = [x for x in lines if x["message"] == "train"]
         assert [x["round"] for x in train] == [1, 2]
         for x in train:  # inside the masked vector: the contribution (its count) and the loss
-            assert set(x["entries"]) == {*exp.private.spec(), "loss"}
+            assert set(x["entries"]) == {*exp.aggregation.reply_spec(), "loss"}
             assert x["secure"] is True and x["noised"] is False
             assert x["entries"]["members"] == [[1], "float64"]  # as the arrays travel
 

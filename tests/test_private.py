@@ -358,7 +358,7 @@ def strip_noise_attack(folder, noise: str) -> tuple[dict, dict]:
     exp = Experiment(config_from_dict({**raw, "rounds": 1}))
     flat = flatten(exp.state)
     zeros = {"delta": {n: torch.zeros_like(flat[n], dtype=torch.float64)
-                       for n in exp.private.form.weights}}
+                       for n in exp.aggregation.form.weights}}
     clients = rows(folder)[0]["clients"]
     if noise == "server":
         gens = [(torch_gen(seed, NOISE, 1), 1)]
@@ -366,7 +366,7 @@ def strip_noise_attack(folder, noise: str) -> tuple[dict, dict]:
         gens = [(torch_gen(seed, CLIENT_NOISE, 1, c), k) for c in clients]
     total = {n: torch.zeros_like(v) for n, v in zeros["delta"].items()}
     for gen, shares in gens:
-        for n, v in exp.private.form.noised(zeros, gen, shares)["delta"].items():
+        for n, v in exp.aggregation.form.noised(zeros, gen, shares)["delta"].items():
             total[n] += v
     released = flatten(runfolder.load_checkpoint(folder)["state"])
     return {n: released[n].double() - total[n] / k for n in total}, released
