@@ -70,3 +70,25 @@ def matek19(root: Path) -> None:
     missing = [c for c in MATEK_CLASSES if not (base / c).is_dir()]
     if len(missing) == len(MATEK_CLASSES):
         raise ProtoflError(f"Matek-19: no class folder ({', '.join(MATEK_CLASSES)}) in {base}")
+
+
+def _weights(path: Path, keys: tuple[str, ...], what: str) -> None:
+    from protofl.models.pretrained import read_state_dict
+
+    try:
+        sd = read_state_dict(path)
+    except ProtoflError as e:
+        raise ProtoflError(str(e).removeprefix("model.pretrained: ")) from None
+    missing = [k for k in keys if k not in sd]
+    if missing:
+        raise ProtoflError(f"{path.name} is not a {what} state_dict (no {missing[0]!r})")
+
+
+def mobilenet_v2_weights(path: Path) -> None:
+    _weights(path, ("features.0.0.weight", "features.17.conv.3.running_var",
+                    "classifier.1.weight"), "torchvision mobilenet_v2")
+
+
+def resnet18_weights(path: Path) -> None:
+    _weights(path, ("conv1.weight", "layer4.1.bn2.running_var", "fc.weight"),
+             "torchvision ResNet-18")
