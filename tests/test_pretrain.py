@@ -51,3 +51,33 @@ def test_shapes_encoder_is_reused_only_for_the_same_spec(tmp_path, monkeypatch):
                        first["features.5.conv.2.weight"])
     with pytest.raises(ProtoflError, match="objective"):
         P.pretrain(P.PretrainSpec(objective="nope"))
+
+
+@pytest.mark.parametrize("trainer", ["vectorized", "sequential"])
+def test_federated_run_keeps_the_frozen_statistics(tmp_path, trainer):
+    """A fedmargin round on shapes from the pretrained encoder with norm = frozen: the
+    vectorized trainer takes it (no BatchNorm module), and the final model's statistics are
+    the pretrained ones (averaging identical buffers moves them by rounding only) while the
+    affine weights trained."""
+    from protofl.config import config_from_dict
+    from protofl.engine.experiment import Experiment
+    from protofl.engine.vectorized import vectorize_reason
+
+    spec = P.PretrainSpec(**{**TINY.__dict__, "width": 0.25})
+    path = P.shapes_encoder(tmp_path / "enc.pth", spec, log=lambda *_: None)
+    sd = torch.load(path, weights_only=True)
+    cfg = {"algorithm": "fedmargin", "trainer": trainer, "rounds": 2, "checkpoint_every": 0,
+           "data": {"name": "shapes", "image_size": 16, "num_clients": 4, "max_samples": 80},
+           "model": {"width": 0.25, "seg_channels": 8, "norm": "frozen",
+                     "pretrained": str(path)},
+           "clients": {"per_round": 2, "local_steps": 2, "batch_size": 4},
+           "metrics": {"dissimilarity_clients": 0, "train_loss_samples": 20, "eval_batch": 16}}
+    exp = Experiment(config_from_dict(cfg))
+    assert vectorize_reason(exp.alg.model) is None
+    for _ in range(2):
+        assert 0 <= exp.step()["miou"] <= 1
+    buffers = exp.state["buffers"]
+    key = "encoder.features.3.conv.1.1.running_var"
+    assert torch.allclose(buffers[key], sd[key.removeprefix("encoder.")], rtol=1e-5)
+    w = exp.state["params"]["encoder.features.3.conv.1.1.weight"]
+    assert not torch.allclose(w, sd["features.3.conv.1.1.weight"])
