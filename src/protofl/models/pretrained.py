@@ -3,6 +3,7 @@ checks every encoder that loads one shares."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from torch import nn
 
 from protofl.errors import ProtoflError
 from protofl.models.norms import group_norm_from_bn
+
+log = logging.getLogger("protofl")
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -68,4 +71,8 @@ def convert_group_norms(module: nn.Module, source: dict, key_of: Callable[[str],
             continue  # the shape check of the weights names the key
         group_norm_from_bn(m, w, b, mean, var)
         done += 1
+    if done:
+        log.warning("model.pretrained: %d BatchNorm layers carried into GroupNorm, which keeps "
+                    "the pretrained features only in part (docs/datasets.md); model.norm = "
+                    "frozen keeps them exactly", done)
     return done
