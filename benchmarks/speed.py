@@ -117,10 +117,10 @@ def protofl_threads(variant: str, model, threads: int) -> int:
     """Torch threads of a protofl variant's process: ``auto`` takes a run's default
     (``threads: null``: 1 for small models, else half the cores), ``parallel`` 1 (its workers
     have one each), the others ``--threads``."""
-    from protofl.engine.experiment import auto_threads
+    from protofl.engine.spec import auto_threads
 
     if variant == "auto":
-        return auto_threads(model)
+        return auto_threads(sum(p.numel() for p in model.parameters()))
     return 1 if variant.startswith("parallel") else threads
 
 

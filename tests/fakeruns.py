@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from protofl.algorithms.registry import algorithm_class
-from protofl.config import config_from_dict, merge, resolve_defaults
+from protofl.config import config_from_dict, merge
+from protofl.engine.spec import fill
 
 
 def make_run(folder: Path, algorithm: str = "fedavg", seed: int = 0, rounds: int = 5,
@@ -24,7 +25,7 @@ def make_run(folder: Path, algorithm: str = "fedavg", seed: int = 0, rounds: int
     # null local-training keys resolved to protofl's fallbacks (as if every run had set the
     # same ones), or with ``paper_defaults`` to the algorithm's, as a real run resolves them
     defaults = algorithm_class(algorithm).client_defaults if paper_defaults else {}
-    cfg = dataclasses.replace(cfg, clients=resolve_defaults(cfg.clients, defaults)).to_dict()
+    cfg = dataclasses.replace(cfg, clients=fill(cfg.clients, defaults)).to_dict()
     (folder / "config.json").write_text(json.dumps(cfg))
     rng = np.random.default_rng(seed + 17 * len(algorithm))
     rows = []

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
+import sys
 from pathlib import Path
 
 import pytest
 
 from protofl.algorithms.registry import ALGORITHMS, algorithm_class, make_algorithm
-from protofl.config import Config, declared, markdown_table, resolve_defaults
+from protofl.config import Config, declared, markdown_table
+from protofl.engine.spec import fill
 from protofl.models.nets import Mlp
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "protofl"
@@ -19,14 +22,14 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 # bottom to top: a module may import its own layer's modules and those of lower layers
 LAYERS = [
-    {"errors", "config", "seeding", "nested", "tasks", "device"},
+    {"errors", "config", "seeding", "nested", "tasks", "device", "provenance"},
     {"data"},
     {"models"},
     {"algorithms", "privacy"},
     {"metrics"},
     {"engine"},
     {"report"},
-    {"api", "cli", "suites", "flower", "__init__"},
+    {"api", "cli", "suites", "flower", "doctables", "__init__"},
 ]
 
 
@@ -39,18 +42,47 @@ def layer_of(module: str) -> int:
     raise AssertionError(f"{module} is in no layer of docs/architecture.md")
 
 
+MODULE_PATH = re.compile(r"protofl(\.\w+)+(:\w+)?")  # "protofl.data.digits:digits_federation"
+TOP = {p.stem for p in SRC.iterdir()}  # protofl's packages and top-level modules
+
+
 def protofl_imports(path: Path) -> set[str]:
-    """Every ``protofl.*`` module a source file imports (at the top or inside functions)."""
+    """Every ``protofl.*`` module a source file imports: at the top or inside functions,
+    relative imports resolved, and modules named by a string (``importlib.import_module``,
+    registries of ``"module:attribute"`` paths)."""
+    package = ["protofl", *path.relative_to(SRC).parent.parts]
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.startswith("protofl")}
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            base = ".".join(package[:len(package) - node.level + 1])
+            mods = [f"{base}.{node.module}"] if node.module else [
+                f"{base}.{a.name}" for a in node.names]
+            out |= set(mods)
         elif isinstance(node, ast.ImportFrom) and node.module == "protofl":
             out |= {f"protofl.{a.name}" for a in node.names}  # from protofl import tasks
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(
                 "protofl"):
             out.add(node.module)
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and MODULE_PATH.fullmatch(node.value) and node.value.split(".")[1] in TOP):
+            out.add(node.value.split(":")[0])
     return out
+
+
+def test_relative_and_string_imports_count(tmp_path, monkeypatch):
+    """The layer check sees imports that climb by a relative path or by a module's name."""
+    pkg = tmp_path / "data"
+    pkg.mkdir()
+    (pkg / "x.py").write_text("from ..engine import experiment\nfrom . import store\n"
+                              "import importlib\nimportlib.import_module('protofl.report.html')\n"
+                              "TABLE = {'a': 'protofl.flower.setup:build'}\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", tmp_path)
+    found = protofl_imports(pkg / "x.py")
+    assert found == {"protofl.engine", "protofl.data.store", "protofl.report.html",
+                     "protofl.flower.setup"}
+    assert max(layer_of(m) for m in found) > layer_of("protofl.data.x")  # a violation
 
 
 def modules() -> dict[str, Path]:
@@ -121,15 +153,24 @@ def test_algorithm_client_defaults_are_declared_values():
         rules = {n: r for n, _, _, r in declared(type(clients))}
         for key, value in defaults.items():
             assert key in rules and rules[key].ok(value), (name, key, value)
-        resolved = resolve_defaults(clients, defaults)
+        resolved = fill(clients, defaults)
         assert all(getattr(resolved, k) == v for k, v in defaults.items())
 
 
-def test_docs_configuration_table_is_generated_from_the_declarations():
+def test_docs_tables_are_generated_from_the_declarations(tmp_path):
+    """docs/configuration.md's options and docs/algorithms.md's table are what `protofl docs`
+    writes; a declaration changed without regenerating them fails here."""
+    from protofl.doctables import write_docs
+
+    assert write_docs(DOCS, check=True) == [], "run `protofl docs`"
     text = (DOCS / "configuration.md").read_text()
-    assert markdown_table() in text, "run `protofl options` and paste its output"
+    assert markdown_table() in text
     for name in ALGORITHMS:
         assert markdown_table(algorithm_class(name).Options, "algo.") in text, name
+    for file in ("configuration.md", "algorithms.md"):  # the check has teeth
+        (tmp_path / file).write_text((DOCS / file).read_text().replace("| `", "| `x", 1))
+    assert sorted(write_docs(tmp_path, check=True)) == sorted(
+        str(tmp_path / f) for f in ("configuration.md", "algorithms.md"))
 
 
 def test_run_help_lists_every_option(capsys):

@@ -200,3 +200,16 @@ def test_tables_come_in_natural_order_of_their_settings():
     assert sorted(["shapes (α=1.0)", "shapes (α=0.1)", "shapes (α=0.01)", "digits (k=10)",
                    "digits (k=2)"], key=natural_key) == [
         "digits (k=2)", "digits (k=10)", "shapes (α=0.01)", "shapes (α=0.1)", "shapes (α=1.0)"]
+
+
+def test_runs_of_different_protofl_versions_are_compared_with_a_warning(tmp_path, caplog):
+    folders = [make_run(tmp_path / f"s{s}", seed=s) for s in (0, 1)]
+    for folder, version in zip(folders, ("0.1.0", "0.2.0")):
+        summary = json.loads((folder / "summary.json").read_text())
+        summary["provenance"] = {"protofl": version}
+        (folder / "summary.json").write_text(json.dumps(summary))
+    with caplog.at_level("WARNING", logger="protofl"):
+        load_runs(folders[:1])
+        assert "different protofl versions" not in caplog.text
+        load_runs(folders)
+    assert "different protofl versions (0.1.0, 0.2.0)" in caplog.text

@@ -394,6 +394,92 @@ def test_celeba_by_hand_then_fetch_writes_the_json(tmp_path, capsys):
     assert fed.num_clients == 2 and fed.num_classes == 2
 
 
+# ---------------------------------------------------------------- CIFAR-10/100, Tiny-ImageNet
+def _tar_gz(folder: Path, top: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        t.add(folder, arcname=top)
+    return buf.getvalue()
+
+
+def _serve_real(server, monkeypatch, name: str, data: bytes) -> None:
+    """The real table entry of ``name`` with its URL pointed at the local server and the
+    MD5 of ``data`` (its file name, unpacking and layout check stay as they are)."""
+    fs = SOURCES[name].files[0]
+    server.files[f"/{fs.name}"] = data
+    monkeypatch.setitem(SOURCES, name, replace(SOURCES[name], files=(replace(
+        fs, urls=(f"{server.url}/{fs.name}",), md5=md5(data), size=None),)))
+
+
+def test_published_checksums_of_the_image_benchmarks():
+    want = {"cifar10": ("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a",
+                        "https://www.cs.toronto.edu/~kriz/"),
+            "cifar100": ("cifar-100-python.tar.gz", "eb9058c3a382ffc7106e4002c42a8d85",
+                         "https://www.cs.toronto.edu/~kriz/"),
+            "tinyimagenet": ("tiny-imagenet-200.zip", "90528d7ca1a48142e341f4ef8d21d0de",
+                             "https://cs231n.stanford.edu/")}
+    for name, (fname, digest, host) in want.items():
+        (fs,) = SOURCES[name].files
+        assert (fs.name, fs.checksum, fs.urls[0]) == (fname, ("md5", digest), host + fname)
+        assert fs.unpack and SOURCES[name].dataset == name
+
+
+def test_cifar10_fetch_resumes_and_prints_a_root_the_loader_reads(server, monkeypatch,
+                                                                  tmp_path, capsys):
+    from test_cifar import write_cifar10
+
+    write_cifar10(tmp_path / "src", per_batch=20)
+    _serve_real(server, monkeypatch, "cifar10", _tar_gz(tmp_path / "src", "cifar-10-batches-py"))
+    server.cuts["/cifar-10-python.tar.gz"] = 1  # the first connection breaks halfway
+    monkeypatch.setattr(F.time, "sleep", lambda s: None)
+    assert main(["data", "fetch", "cifar10", "--root", str(tmp_path / "d"), "-q"]) == 0
+    assert [r for _, r in server.log][1].startswith("bytes=")  # resumed, not restarted
+    out = capsys.readouterr().out
+    root = re.search(r"data.root=(\S+)", out).group(1)
+    assert root.endswith("cifar10/cifar-10-batches-py") and "data.name=cifar10" in out
+    fed = load_dataset(DataConfig(name="cifar10", root=root, num_clients=4, alpha=1.0))
+    assert fed.num_classes == 10 and fed.input_shape == (3, 32, 32) and len(fed.y_test) == 10
+
+
+def test_cifar100_fetch_root_loads(server, monkeypatch, tmp_path):
+    from test_cifar import write_cifar100
+
+    write_cifar100(tmp_path / "src")
+    _serve_real(server, monkeypatch, "cifar100", _tar_gz(tmp_path / "src", "cifar-100-python"))
+    root = F.fetch("cifar100", tmp_path / "d", progress=False)
+    assert root.name == "cifar-100-python" and F.is_complete(root.parent)
+    fed = load_dataset(DataConfig(name="cifar100", root=str(root), num_clients=2,
+                                  partition="iid"))
+    assert fed.num_classes == 100 and fed.class_names[3] == "c3"
+
+
+def test_cifar_archive_without_a_batch_is_refused(server, monkeypatch, tmp_path):
+    from test_cifar import write_cifar10
+
+    write_cifar10(tmp_path / "src")
+    (tmp_path / "src" / "data_batch_5").unlink()
+    _serve_real(server, monkeypatch, "cifar10", _tar_gz(tmp_path / "src", "cifar-10-batches-py"))
+    with pytest.raises(ProtoflError, match="not in the layout the cifar10 loader reads: .*"
+                                           "lacks data_batch_5"):
+        F.fetch("cifar10", tmp_path / "d", progress=False)
+    assert not (tmp_path / "d" / "cifar10").exists()  # nothing that looks complete
+    assert not list((tmp_path / "d").glob(".cifar10.partial-*"))
+
+
+def test_tinyimagenet_fetch_root_loads(server, monkeypatch, tmp_path):
+    from test_cifar import write_tiny
+
+    top = write_tiny(tmp_path / "src", side=16)
+    files = {str(p.relative_to(top.parent)): p.read_bytes() for p in top.rglob("*")
+             if p.is_file()}
+    _serve_real(server, monkeypatch, "tinyimagenet", zip_bytes(files))
+    root = F.fetch("tinyimagenet", tmp_path / "d", progress=False)
+    assert root.name == "tiny-imagenet-200" and (root / "test" / "images").is_dir()
+    fed = load_dataset(DataConfig(name="tinyimagenet", root=str(root), num_clients=2,
+                                  alpha=1.0, image_size=16))
+    assert fed.num_classes == 3 and len(fed.y_test) == 6
+
+
 # ---------------------------------------------------------------- pretrained weights
 def serve_weights(monkeypatch, server, name: str, blob: bytes, prefix: str | None = None):
     """Source ``name`` (the real table entry) served locally, with the SHA-256 prefix of

@@ -170,7 +170,7 @@ def test_flower_site_node_that_cannot_join_logs_one_line(tmp_path, caplog):
     write_site(tmp_path / "odd", {"a": 5, "zebra": 2}, SITE_CLASSES)
     cfg_json = json.dumps(Experiment(site_config("fedavg", 0)).cfg.to_dict())
     nc = {"partition-id": 1, "num-partitions": CLIENTS, "data-root": str(tmp_path / "good")}
-    exp = protofl_client.node_experiment(cfg_json, Context(1, 2, nc, RecordDict(), {}))
+    exp = protofl_client.node_experiment(cfg_json, Context(1, 2, nc, RecordDict(), {})).fed
     assert exp.data.train_sizes.tolist() == [0, 8, 0] and exp.data.class_names == SITE_CLASSES
     nc = {**nc, "data-root": str(tmp_path / "odd")}
     with caplog.at_level(logging.ERROR, logger="flwr"):

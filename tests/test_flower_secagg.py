@@ -118,7 +118,7 @@ def test_secagg_with_client_noise_logs_epsilon(simulated):
     # the same run in process: same clients, same noise shares (seeded), same epsilon
     ref = Experiment(CASES["dp"])
     ref.run()
-    assert rows[-1]["epsilon"] == pytest.approx(ref.private.epsilon())
+    assert rows[-1]["epsilon"] == pytest.approx(ref.aggregation.epsilon())
     for k, v in flatten(exp.state).items():
         torch.testing.assert_close(v.double(), flatten(ref.state)[k].double(), rtol=0,
                                    atol=TOL)

@@ -248,16 +248,19 @@ def test_packing_keeps_every_tensor_and_leaf():
 def test_threads_default_to_one_for_small_models_and_follow_the_key(monkeypatch):
     """`threads`: 1 for models under a million parameters (more threads only spin), half the
     usable cores for larger ones; a set value is used as given and kept in config.json."""
-    from protofl.engine import experiment
+    from protofl.engine import experiment, spec
 
-    monkeypatch.setattr(experiment, "usable_cores", lambda: 8)
-    assert experiment.auto_threads(nn.Linear(10, 10)) == 1
-    assert experiment.auto_threads(nn.Linear(1000, 1000)) == 4  # 1,001,000 parameters
+    monkeypatch.setattr(spec, "usable_cores", lambda: 8)
+    assert spec.auto_threads(sum(p.numel() for p in nn.Linear(10, 10).parameters())) == 1
+    assert spec.auto_threads(1_001_000) == 4
     before = torch.get_num_threads()
-    try:
-        for threads, want in ((None, 1), (3, 3)):
-            exp = experiment.Experiment(config_from_dict(
-                {"threads": threads, "data": {"num_clients": 4}, "clients": {"per_round": 2}}))
-            assert torch.get_num_threads() == want and exp.cfg.threads == want
-    finally:
-        torch.set_num_threads(before)
+    for threads, want in ((None, 1), (3, 3)):
+        exp = experiment.Experiment(config_from_dict(
+            {"threads": threads, "data": {"num_clients": 4}, "clients": {"per_round": 2},
+             "rounds": 1}))
+        seen = []
+        exp.step = lambda seen=seen, exp=exp: (seen.append(torch.get_num_threads()),
+                                               type(exp).step(exp))[1]
+        exp.run()
+        assert seen == [want] and exp.cfg.threads == want  # while it runs
+        assert torch.get_num_threads() == before  # and the caller's count afterwards

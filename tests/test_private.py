@@ -161,7 +161,7 @@ class Capture:
     """Keeps every contribution the server computes from raw uploads."""
 
     def __init__(self, exp):
-        self.seen, self.form = [], exp.private.form
+        self.seen, self.form = [], exp.aggregation.form
         original = self.form.contribution
 
         def spy(upload, broadcast, state=None, gen=None):
@@ -245,7 +245,7 @@ def test_client_side_noise_runs_in_the_trainers_and_matches_its_accounting(monke
     assert any(not torch.equal(a[k], q[k]) for k in a)  # the trainers did add the noise
     exp = runs["sequential"]
     sigma = effective_multiplier([SIGMA] * 4)  # update, attention sum, prototypes, fractions
-    assert exp.private.epsilon() == pytest.approx(Accountant(sigma, 6, 3, 1e-5).epsilon(3))
+    assert exp.aggregation.epsilon() == pytest.approx(Accountant(sigma, 6, 3, 1e-5).epsilon(3))
     assert "amm" not in exp.last  # contributions hold no one client's prototypes
 
 

@@ -5,7 +5,8 @@ suite's shared local setup."""
 from pathlib import Path
 
 from protofl.algorithms.registry import algorithm_class
-from protofl.config import config_from_dict, resolve_defaults
+from protofl.config import config_from_dict
+from protofl.engine.spec import fill
 from protofl.suites import phases, plan
 
 
@@ -45,7 +46,7 @@ def test_fedproin_suite_uses_fedproins_own_optimizer():
     seen = set()
     for raw, folder in plan("fedproin", Path("out"), seeds=(0,)):
         cfg = config_from_dict(raw)
-        c = resolve_defaults(cfg.clients, algorithm_class(cfg.algorithm).client_defaults)
+        c = fill(cfg.clients, algorithm_class(cfg.algorithm).client_defaults)
         want = ("adam", 1e-4) if cfg.algorithm == "fedproin" else ("adam", 1e-3)
         assert (c.optimizer, c.lr) == want, folder
         row = Path(folder).parent.name

@@ -12,6 +12,7 @@ from torch import nn
 from protofl.algorithms.registry import ALGORITHMS, make_algorithm
 from protofl.data.federated import from_client_lists
 from protofl.engine import optim, vectorized
+from protofl.engine.federation import info
 from protofl.engine.parallel import choose_trainer
 from protofl.engine.schedule import Job
 from protofl.engine.train import LocalSetup, RoundContext, SequentialTrainer
@@ -98,7 +99,7 @@ def test_one_round_equals_sequential(float64, monkeypatch, case, setup):
     data = federation()
     torch.manual_seed(0)
     model = Mlp(5, C, hidden=(8, 6))
-    alg = make_algorithm(name, options, model, C)
+    alg = make_algorithm(name, options, model, C, info(data))  # as build() makes it
     model = alg.model
     reason = vectorized.vectorize_reason(model)
     if reason is not None:  # say why, never skip silently

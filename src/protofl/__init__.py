@@ -1,12 +1,16 @@
 """protofl: prototype-guided federated learning (fedmargin, fedproin and their baselines).
 
-The Python API (:mod:`protofl.api`) is importable from here: ``run_experiment``,
-``resume_experiment``, ``config_from_dict``, ``Experiment`` and ``Callback``.
+The Python API (:mod:`protofl.api`) is importable from here: ``run`` (returns a ``Run``),
+``run_experiment``, ``resume_experiment``, ``config_from_dict``, ``build`` (a
+``Federation``), ``resolve`` (a ``RunSpec``), ``Experiment`` and ``Callback``.
 """
 
 from __future__ import annotations
 
-_API = {"run_experiment": "protofl.api", "resume_experiment": "protofl.api",
+_API = {"run": "protofl.api", "Run": "protofl.api", "run_experiment": "protofl.api",
+        "build": "protofl.engine.federation", "Federation": "protofl.engine.federation",
+        "resolve": "protofl.engine.spec", "RunSpec": "protofl.engine.spec",
+        "resume_experiment": "protofl.api",
         "config_from_dict": "protofl.config", "load_raw": "protofl.config",
         "Experiment": "protofl.engine.experiment", "Callback": "protofl.engine.callbacks"}
 

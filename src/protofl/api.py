@@ -1,21 +1,32 @@
 """The Python API for notebooks and scripts: run, resume and compare experiments.
 
-    from protofl import config_from_dict, run_experiment
-    summary = run_experiment(config_from_dict({"algorithm": "fedmargin", "rounds": 20}),
-                             out="runs/demo")
+    import protofl
+    run = protofl.run({"algorithm": "fedmargin", "rounds": 20})   # or a YAML path, a Config
+    run.records[-1]["accuracy"], run.frame()                      # metrics (a DataFrame)
+    model = run.model()                                           # the final model
+
+Running changes no global state of the caller: torch's generator and thread count are as
+they were, and figures are drawn without pyplot (no matplotlib backend is set).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from protofl.config import Config, config_from_dict
+import torch
+
+from protofl import device as devices
+from protofl.config import Config, config_from_dict, load_raw
 from protofl.data.site import SiteFederation
 from protofl.engine import runfolder
 from protofl.engine.callbacks import Callback, Progress, RunFolder, SaveWeights
 from protofl.engine.experiment import Experiment
+from protofl.engine.spec import RunSpec
 from protofl.errors import Diverged, ProtoflError
 from protofl.report.plots import PlotRun
 from protofl.report.stats import PartitionStats
@@ -89,3 +100,81 @@ def resume_experiment(out: str | Path, rounds: int | None = None, progress: bool
         exp.callbacks += [*folder_callbacks(out, False, progress), *callbacks]
         exp.resume(out, snapshot)
         return run_in_folder(exp, out)
+
+
+class Records(Callback):
+    """Keeps the record of every evaluated round (the lines of ``metrics.jsonl``)."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def on_run_start(self, exp):
+        self.rows = [r for r in self.rows if r["round"] <= exp.round]
+
+    def on_round_end(self, exp, record):
+        if exp.evaluating(record["round"]):
+            self.rows.append(dict(record))
+
+
+@dataclass
+class Run:
+    """A finished run: its resolved spec, metrics, summary, final state and folder."""
+
+    spec: RunSpec
+    records: list[dict]  # one per evaluated round, as in metrics.jsonl
+    summary: dict
+    folder: Path | None
+    experiment: Experiment
+
+    def frame(self) -> Any:
+        """The records as a pandas DataFrame (needs pandas)."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ProtoflError("Run.frame needs pandas (pip install pandas); Run.records "
+                               "holds the same rows") from None
+        return pd.DataFrame(self.records)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The final aggregate model's weights as a plain state_dict (on the CPU), for
+        ``run.model()`` or any copy of ``experiment.alg.model``."""
+        exp = self.experiment
+        weights = exp.alg.global_weights(exp.state)
+        if weights is None:
+            raise ProtoflError(f"{exp.alg.name} has no aggregate model: each client keeps its "
+                               "own (Run.experiment.client_states)")
+        return devices.to_host({**weights["params"], **weights["buffers"]})
+
+    def model(self) -> torch.nn.Module:
+        """A CPU copy of the model trained, holding the final aggregate weights."""
+        model = copy.deepcopy(self.experiment.alg.model).to("cpu")
+        model.load_state_dict(self.state_dict())
+        return model
+
+
+def as_config(config: Config | dict | str | Path | None) -> Config:
+    """A Config from a Config, a mapping with the YAML's keys, or a YAML/JSON file's path."""
+    if config is None:
+        return Config()
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, dict):
+        return config_from_dict(config)
+    return config_from_dict(load_raw(config))
+
+
+def run(config: Config | dict | str | Path | None = None, out: str | Path | None = None, *,
+        overwrite: bool = False, progress: bool = False,
+        callbacks: Sequence[Callback] = ()) -> Run:
+    """Run ``config`` (a Config, a dict with the YAML's keys or a config file's path) to the
+    end, writing a run folder at ``out`` if given; returns the :class:`Run`."""
+    records = Records()
+    exp = runnable(Experiment(as_config(config)), None if out is None else Path(out))
+    exp.callbacks += [*folder_callbacks(None if out is None else Path(out), overwrite,
+                                        progress), records, *callbacks]
+    if out is None:
+        summary = exp.run()
+    else:
+        with runfolder.lock(Path(out)):
+            summary = run_in_folder(exp, Path(out))
+    return Run(exp.cfg, records.rows, summary, None if out is None else Path(out), exp)

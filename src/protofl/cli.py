@@ -185,31 +185,20 @@ def cmd_datasets(args) -> int:
     return 0
 
 
-def options_markdown() -> str:
-    """The option tables of docs/configuration.md: the config's, then each algorithm's."""
-    import json
-
-    from protofl.algorithms.registry import ALGORITHMS, algorithm_class
-    from protofl.config import declared, markdown_table
-
-    parts = ["## Experiment options", "", markdown_table(), ""]
-    for name in ALGORITHMS:
-        cls = algorithm_class(name)
-        parts += [f"## `algo.*` of `{name}`", ""]
-        parts += [markdown_table(cls.Options, "algo."), ""] if declared(cls.Options) else [
-            "No options.", ""]
-        if cls.client_defaults:
-            shown = ", ".join(f"`clients.{k}: {json.dumps(v)}`"
-                              for k, v in cls.client_defaults.items())
-            parts += [f"Defaults it sets where the config leaves them null: {shown}."
-                      + (f" Source: {cls.client_defaults_source}." if cls.client_defaults_source
-                         else ""), ""]
-    return "\n".join(parts)
-
-
 def cmd_options(args) -> int:
+    from protofl.doctables import options_markdown
+
     print(options_markdown())
     return 0
+
+
+def cmd_docs(args) -> int:
+    from protofl.doctables import write_docs
+
+    stale = write_docs(Path(args.dir).expanduser(), check=args.check)
+    for path in stale:
+        print(f"{path}: {'stale' if args.check else 'regenerated'}")
+    return 1 if stale and args.check else 0
 
 
 def cmd_suites(args) -> int:
@@ -356,6 +345,11 @@ def build_parser() -> argparse.ArgumentParser:
                              ("options", cmd_options,
                               "every config and algorithm option, as Markdown tables")):
         sub.add_parser(name, help=text).set_defaults(func=func)
+    q = sub.add_parser("docs", help="regenerate the docs' tables from the declarations")
+    q.add_argument("--dir", default="docs", help="the docs folder (default: docs)")
+    q.add_argument("--check", action="store_true", help="only say which files are stale "
+                   "(exit 1 if any)")
+    q.set_defaults(func=cmd_docs)
 
     q = sub.add_parser("stats", help="partition statistics of a dataset (the seed's Fig. S1)")
     config_args(q, with_out=False)

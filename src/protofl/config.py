@@ -47,7 +47,7 @@ class Rule:
     le: float | None = None
     lt: float | None = None
     path: bool = False  # a file or folder: '~' is expanded
-    fallback: Any = None  # what null means when the algorithm sets no default (resolve_defaults)
+    fallback: Any = None  # what null means when the algorithm sets no default (engine/spec.py)
     pattern: str | None = None  # a string must match this regular expression (choices: shown)
     auto: bool = False  # the string "auto" is accepted and stands for null
 
@@ -150,6 +150,9 @@ class DataConfig:
                                           "own)", ge=1)
     max_samples: int | None = option(None, "cap the sample pool (quick runs on large sets)",
                                      ge=1)
+    pooled: bool = option(False, "pool every client's training data into one client taking a "
+                                 "federated round's expected SGD steps each round (the "
+                                 "centralized baseline; `central` sets it)")
     augment: str | None = option(
         None, "augmentation of every client's training batches, seeded per (round, client): "
               "crop_flip (random resized crop + horizontal flip, masks with their images) or "
@@ -414,15 +417,6 @@ def declared(cls: type) -> list[tuple[str, Any, Any, Rule | None]]:
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         out.append((f.name, hints[f.name], default, f.metadata.get("rule")))
     return out
-
-
-def resolve_defaults(section: Any, defaults: dict[str, Any]) -> Any:
-    """``section`` (an option dataclass) with each null option that has a ``fallback`` set to
-    ``defaults[name]`` (an algorithm's paper setting) or else to its fallback."""
-    fill = {name: defaults.get(name, rule.fallback)
-            for name, _, _, rule in declared(type(section))
-            if rule is not None and rule.fallback is not None and getattr(section, name) is None}
-    return dataclasses.replace(section, **fill)
 
 
 def option_rows(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str, str]]:

@@ -96,6 +96,17 @@ class NoOptions:
     pass
 
 
+@dataclass(frozen=True)
+class FederationInfo:
+    """What an algorithm is told of the federation it runs in (read-only)."""
+
+    num_clients: int
+    num_classes: int
+    # n_k, the training samples of each client (None: not known when the algorithm is built,
+    # as in a Flower site federation before its nodes join)
+    train_sizes: tuple[int, ...] | None
+
+
 def split_state(model: torch.nn.Module) -> tuple[Tensors, Tensors]:
     """A model's (parameters, buffers) as detached name -> tensor dicts."""
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
@@ -176,7 +187,7 @@ class Algorithm:
     client_defaults: ClassVar[dict[str, Any]] = {}
     client_defaults_source: ClassVar[str] = ""
     personalized: ClassVar[bool] = False  # each client keeps and is evaluated with its own model
-    centralized: ClassVar[bool] = False  # trained on the pooled data (the central baseline)
+    data_defaults: ClassVar[dict[str, Any]] = {}  # `data.*` settings it implies (central: pooled)
     # the tasks (protofl.config.TASKS) its loss and uploads are written for; the engine
     # refuses the others. Per-sample feature terms (contrastive, prototype heads) make an
     # algorithm classification-only.
@@ -186,9 +197,12 @@ class Algorithm:
     needs_individual: ClassVar[str] = ""
     private_fallback: ClassVar[str] = ""
 
-    def __init__(self, options: dict[str, Any], model: ProtoNet, num_classes: int):
+    def __init__(self, options: dict[str, Any], model: ProtoNet, num_classes: int,
+                 federation: FederationInfo | None = None):
         self.opts = build(self.Options, dict(options), "algo")
         self.num_classes = num_classes
+        # the federation (None when built outside a run: a test, a model inspection)
+        self.federation = federation
         self.pipeline = self.client_pipeline()
         self.model = self.wrap_model(model)  # what the trainers and the Flower apps train
 

@@ -1,10 +1,11 @@
 """The centralized baseline: one client holding all the training data.
 
-The seeds compare federated methods with a model trained on the pooled data. Here it is an
-algorithm so that it runs through the same loop, model, metrics and run folder: the engine
-pools the federation into one client (``FederatedData.pooled``) and gives it, each round, the
-expected number of local steps of a federated round (``engine.schedule.step_budget``), so a
-round of ``central`` and a round of ``fedavg`` take the same number of SGD steps.
+The seeds compare federated methods with a model trained on the pooled data. Here it is FedAvg
+on a transformed spec, so that it runs through the same loop, model, metrics and run folder:
+``data.pooled`` (which ``central`` sets) pools the federation into one client
+(``FederatedData.pooled``) that takes, each round, the expected number of local steps of a
+federated round (``engine.schedule.step_budget``), so a round of ``central`` and a round of
+``fedavg`` take the same number of SGD steps.
 """
 
 from __future__ import annotations
@@ -16,4 +17,4 @@ class Central(FedAvg):
     name = "central"
     description = ("centralized baseline: one client holding all the training data, the "
                    "federated runs' model and SGD steps per round")
-    centralized = True
+    data_defaults = {"pooled": True}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from protofl.algorithms.base import Algorithm
+from protofl.algorithms.base import Algorithm, FederationInfo
 from protofl.errors import ProtoflError
 from protofl.models.nets import ProtoNet
 
@@ -19,6 +19,7 @@ ALGORITHMS: dict[str, str] = {
     "fedproto": "protofl.algorithms.fedproto:FedProto",
     "fedtgp": "protofl.algorithms.fedtgp:FedTGP",
     "fedplvm": "protofl.algorithms.fedplvm:FedPLVM",
+    "feddyn": "protofl.algorithms.feddyn:FedDyn",
     "central": "protofl.algorithms.central:Central",
 }
 ALIASES = {"pgfl": "fedmargin"}
@@ -33,6 +34,6 @@ def algorithm_class(name: str) -> type[Algorithm]:
     return getattr(importlib.import_module(module), cls)
 
 
-def make_algorithm(name: str, options: dict[str, Any], model: ProtoNet,
-                   num_classes: int) -> Algorithm:
-    return algorithm_class(name)(options, model, num_classes)
+def make_algorithm(name: str, options: dict[str, Any], model: ProtoNet, num_classes: int,
+                   federation: FederationInfo | None = None) -> Algorithm:
+    return algorithm_class(name)(options, model, num_classes, federation)

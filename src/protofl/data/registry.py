@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -97,6 +96,21 @@ DATASETS: dict[str, DatasetSpec] = {
                                    "classes (segmentation, no download)", needs_files=False,
                                    task="segmentation", partition="dirichlet_powerlaw",
                                    augment="crop_flip", model_options=SHAPES_MODEL),
+    # the image benchmarks of FedProto / FedTGP (protofl.data.cifar, .tinyimagenet)
+    "cifar10": DatasetSpec("protofl.data.cifar:cifar10_federation", "resnet18",
+                           "CIFAR-10 python batches, 32x32 RGB, 10 classes, 20 clients",
+                           partition="dirichlet", augment="crop_flip"),
+    "cifar100": DatasetSpec("protofl.data.cifar:cifar100_federation", "resnet18",
+                            "CIFAR-100 python batches (fine labels), 100 classes, 20 clients",
+                            partition="dirichlet", augment="crop_flip"),
+    "tinyimagenet": DatasetSpec("protofl.data.tinyimagenet:tinyimagenet_federation",
+                                "resnet18", "Tiny-ImageNet-200 folders, 64x64 RGB, 200 "
+                                "classes, val as test, 20 clients", partition="dirichlet",
+                                augment="crop_flip"),
+    "cifar_tiny": DatasetSpec("protofl.data.cifar:cifar_tiny_federation", "leaf_cnn",
+                              "generated 32x32 RGB textures, 10 classes, 10 clients (a CIFAR "
+                              "stand-in, no download)", needs_files=False,
+                              partition="dirichlet", augment="crop_flip"),
 }
 
 
@@ -149,7 +163,7 @@ def fetch_hint(dataset: str) -> str:
 
 def load_dataset(cfg: DataConfig, lean: bool = False) -> FederatedData:
     """Build the federation a data config names (validated, one clear error if not); a null
-    ``partition`` is the dataset's default scheme.
+    ``partition`` is the loader's default scheme (``engine.spec.resolve_data`` names it).
 
     ``lean``: keep the rows in their source dtype (uint8 pixels; callers turn gathered rows
     into model inputs with ``data.inputs``), and a dataset from files whose rows exceed the
@@ -157,7 +171,6 @@ def load_dataset(cfg: DataConfig, lean: bool = False) -> FederatedData:
     (``data/store.py``). Without it every split is float32 model inputs in memory.
     """
     spec = dataset_spec(cfg.name)
-    cfg = dataclasses.replace(cfg, partition=cfg.partition or spec.partition)
     if spec.needs_files and not cfg.root and cfg.name != "hf":  # hf says what it needs
         raise ProtoflError(f"dataset {cfg.name!r} needs its files: set data.root to their "
                            f"folder{fetch_hint(cfg.name)}")

@@ -169,6 +169,30 @@ def _matek() -> DataSource:
                       check="protofl.data.fetch_checks:matek19")
 
 
+TORONTO = "https://www.cs.toronto.edu/~kriz/"
+TORONTO_FROM = "MD5 published on the CIFAR page (https://www.cs.toronto.edu/~kriz/cifar.html)"
+
+
+def _cifar(name: str, tar: str, md5: str, size: int, folder: str, classes: int) -> DataSource:
+    f = FileSource(tar, (TORONTO + tar,), md5=md5, size=size, unpack=True,
+                   checksum_from=TORONTO_FROM)
+    return DataSource(name, name, f"CIFAR-{classes} python version (pickled batches)", (f,),
+                      f"{_mb(size)} (about 190 MB unpacked)", root=folder,
+                      check=f"protofl.data.cifar:check_{name}")
+
+
+def _tinyimagenet() -> DataSource:
+    z = "tiny-imagenet-200.zip"
+    f = FileSource(z, ("https://cs231n.stanford.edu/" + z, "http://cs231n.stanford.edu/" + z),
+                   md5="90528d7ca1a48142e341f4ef8d21d0de", size=248100043, unpack=True,
+                   checksum_from="MD5 written in widely used Tiny-ImageNet loaders (the "
+                                 "CS231n page lists none)")
+    return DataSource("tinyimagenet", "tinyimagenet",
+                      "Tiny-ImageNet-200 (CS231n): train/, val/ (labelled), wnids.txt", (f,),
+                      "248 MB (120,000 JPEGs unpacked)", root="tiny-imagenet-200",
+                      check="protofl.data.tinyimagenet:check_layout")
+
+
 def _mb(n: int) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
@@ -196,4 +220,9 @@ def _weights(name: str, file: str, prefix: str, size: str, model: str, what: str
 SOURCES: dict[str, DataSource] = {s.name: s for s in (
     _mnist(), _voc(), *(_weights(*w) for w in _WEIGHTS),
     *(_medmnist(b, px) for b in ("dermamnist", "bloodmnist") for px in (28, 64, 128, 224)),
-    _ham10000(), _femnist(), _celeba(), _matek())}
+    _ham10000(), _femnist(), _celeba(), _matek(),
+    _cifar("cifar10", "cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a", 170498071,
+           "cifar-10-batches-py", 10),
+    _cifar("cifar100", "cifar-100-python.tar.gz", "eb9058c3a382ffc7106e4002c42a8d85", 169001437,
+           "cifar-100-python", 100),
+    _tinyimagenet())}

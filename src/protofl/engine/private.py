@@ -1,16 +1,16 @@
-"""Client-level differential privacy and secure sums in the round loop (docs/privacy.md).
+"""Client-level differential privacy and secure sums as aggregation layers (docs/privacy.md).
 
-:meth:`PrivateRounds.build` checks the ``privacy`` section against the algorithm (one line
-for what is not covered) and returns None when it is off. Otherwise the round loop
+:func:`layers` stacks, around the algorithm's ``aggregate_private``:
 
-- gives trainers :meth:`client_hook` when the clients compute their contributions themselves
-  (client-side noise, secure aggregation): an upload becomes the client's contribution
-  (``privacy.contrib.SumForm``) before it leaves the client;
-- screens replies against :meth:`spec`;
-- aggregates with :meth:`aggregate`: the contributions (computed here from the raw uploads for
-  server-side noise), their sum, the server's noise from a generator keyed by (seed, NOISE,
-  round), the estimate, and the algorithm's ``aggregate_private``;
-- logs ``epsilon`` (at ``delta``) every round and asks the budget before the next round.
+- :class:`SumOfContributions`: the replies are contributions (``privacy.contrib.SumForm``);
+  their sum, with the server's noise (:class:`ServerNoise`, from a generator keyed by
+  (seed, NOISE, round)) under server-side DP, becomes the estimate the algorithm reads;
+- :class:`ServerContributions` (server-side noise): the clients send their raw uploads and
+  the server clips them into contributions, or :class:`ClientContributions` (client-side
+  noise, secure sums): each client computes its contribution, with its share of the noise,
+  before it leaves (the layer's ``client_hook``);
+- :class:`Accounting` (DP): ``epsilon`` (at ``delta``) after every round, and the budget
+  asked before the next.
 
 Nothing here names an algorithm's upload key: ``UploadEntry.kind`` says what each entry is.
 """
@@ -18,12 +18,14 @@ Nothing here names an algorithm's upload key: ``UploadEntry.kind`` says what eac
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from protofl.algorithms.base import Algorithm, Tensors, UploadEntry
 from protofl.config import Config
+from protofl.engine.aggregation import Aggregation
 from protofl.errors import ProtoflError
 from protofl.nested import flatten
 from protofl.privacy.accountant import Accountant, Budget
@@ -49,7 +51,7 @@ def check(cfg: Config, alg: Algorithm) -> None:
         raise ProtoflError("config: privacy.budget needs privacy.noise_multiplier > 0")
     if not dp and not p.secagg:
         return
-    if alg.centralized:
+    if cfg.data.pooled:
         raise ProtoflError(f"privacy: {alg.name} trains on the pooled data of every client; "
                            "client-level DP and secure aggregation do not apply to it")
     if cfg.metrics.ffd_reference and (p.secagg or p.noise == "client"):
@@ -79,105 +81,190 @@ def check(cfg: Config, alg: Algorithm) -> None:
                            "size, which no DP accountant covers; set clients.sampling: uniform")
 
 
-class PrivateRounds:
-    """The ``privacy`` section of one run, wired into its rounds."""
+class SumOfContributions(Aggregation):
+    """Replies are contributions: their sum (noised by ``noise``, if any) becomes the
+    estimate the algorithm's ``aggregate_private`` makes the next state from."""
 
-    def __init__(self, cfg: Config, alg: Algorithm, num_clients: int, state: Tensors):
-        p = cfg.privacy
-        self.alg, self.seed = alg, cfg.seed
-        self.dp = dp_on(cfg)
-        self.client_noise = self.dp and p.noise == "client"
-        self.from_clients = p.secagg or self.client_noise
-        self.settings = SumSettings(
-            multiplier=p.noise_multiplier, clip=p.clip, proto_clip=p.proto_clip,
-            clients=cfg.clients.per_round, client_noise=self.client_noise,
-            scale=p.secagg_max_weight if p.secagg and not self.dp else 1.0)
-        self.form = SumForm(alg, flatten(alg.broadcast(state)), self.settings)
-        self.multipliers: list[float] = []  # one per round that released an aggregate
-        self.accountant = self.budget = None
-        self.client_secret: int | None = None  # a node's own seed for its noise (Flower)
-        if self.dp:
-            if self.form.multiplier() < MIN_MULTIPLIER:
-                raise ProtoflError(
-                    f"privacy.noise_multiplier = {p.noise_multiplier:g} leaves each round a "
-                    f"noise multiplier of {self.form.multiplier():.3g} (below "
-                    f"{MIN_MULTIPLIER}), where epsilon is beyond any use; raise it, or set 0 "
-                    "to turn DP off")
-            self.accountant = Accountant(self.form.multiplier(), num_clients,
-                                         cfg.clients.per_round, p.delta, p.sampling,
-                                         p.accountant)
-            if p.budget is not None:
-                self.budget = Budget(self.accountant, p.budget, p.on_budget)
-                first = self.accountant.epsilon(1)
-                if p.on_budget == "stop" and first > p.budget:
-                    raise ProtoflError(f"privacy.budget = {p.budget:g} is below the epsilon of "
-                                       f"one round ({first:.3g} at delta {p.delta:g}); raise "
-                                       "it or privacy.noise_multiplier")
-            if alg.private_fallback and p.noise == "server":
-                log.warning("privacy: %s: %s", alg.name, alg.private_fallback)
+    individual = False
 
-    @classmethod
-    def build(cls, cfg: Config, alg: Algorithm, num_clients: int, state: Tensors
-              ) -> PrivateRounds | None:
-        check(cfg, alg)
-        if not dp_on(cfg) and not cfg.privacy.secagg:
-            return None
-        return cls(cfg, alg, num_clients, state)
+    def __init__(self, alg: Algorithm, form: SumForm, noise: ServerNoise | None = None):
+        super().__init__(alg)
+        self.form, self.noise = form, noise
+        self.received = 0.0  # contributions in the last sum
 
-    # ---- clients ----
-    def client_hook(self, rc: RoundContext, client: int, upload: Tensors) -> Tensors:
-        """A client's upload as the contribution it sends (with its share of the noise)."""
-        gen = None
-        if self.client_noise:
-            seed = self.seed if self.client_secret is None else self.client_secret
-            gen = torch_gen(seed, CLIENT_NOISE, rc.round, client)
-        return self.form.contribution(upload, rc.broadcast, None, gen)[0]
+    def reply_spec(self) -> dict[str, UploadEntry]:
+        return self.form.spec()
 
-    def spec(self) -> dict[str, UploadEntry]:
-        """What a valid reply holds: a contribution (clients compute them) or an upload."""
-        return self.form.spec() if self.from_clients else self.alg.upload_spec()
+    def aggregate(self, state, broadcast, replies, round):
+        total = SumForm.total(replies)
+        self.received = float(total["members"])
+        if self.noise is not None:
+            total = self.noise(total, round)
+        state, diag = self.alg.aggregate_private(state, self.form.estimate(total, broadcast),
+                                                 round)
+        diag.pop("weights", None)  # the estimate's one weight says nothing
+        return state, diag
 
-    # ---- server ----
-    def aggregate(self, state: Tensors, broadcast: Tensors, uploads: list[Tensors], round: int
-                  ) -> tuple[Tensors, dict[str, Any]]:
-        """The next state from the round's valid replies, and the metrics line's figures."""
+
+class ServerNoise:
+    """The server's Gaussian noise on a round's sum (server-side DP)."""
+
+    def __init__(self, form: SumForm, seed: int):
+        self.form, self.seed = form, seed
+
+    def __call__(self, total: Tensors, round: int) -> Tensors:
+        return self.form.noised(total, torch_gen(self.seed, NOISE, round))
+
+
+class Layer(Aggregation):
+    """A layer around ``inner``: everything it does not change is the inner layer's."""
+
+    def __init__(self, inner: Aggregation):
+        super().__init__(inner.alg)
+        self.inner = inner
+        self.form: SumForm | None = getattr(inner, "form", None)
+
+    @property
+    def individual(self) -> bool:
+        return self.inner.individual
+
+    def client_hook(self, noise_seed: int | None = None):
+        return self.inner.client_hook(noise_seed)
+
+    def reply_spec(self):
+        return self.inner.reply_spec()
+
+    def aggregate(self, state, broadcast, replies, round):
+        return self.inner.aggregate(state, broadcast, replies, round)
+
+    def after_round(self, record, round):
+        self.inner.after_round(record, round)
+
+    def stop_reason(self, round):
+        return self.inner.stop_reason(round)
+
+    def state_dict(self):
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state):
+        self.inner.load_state_dict(state)
+
+
+class ServerContributions(Layer):
+    """Clients send their raw uploads; the server makes each its (clipped) contribution and
+    logs the client weights (and, under DP, how many updates were clipped)."""
+
+    individual = True
+
+    def __init__(self, inner: SumOfContributions, dp: bool):
+        super().__init__(inner)
+        self.dp = dp
+
+    def reply_spec(self):
+        return self.alg.upload_spec()
+
+    def aggregate(self, state, broadcast, replies, round):
+        pairs = [self.form.contribution(u, broadcast, state) for u in replies]
         diag: dict[str, Any] = {}
-        if self.from_clients:
-            contributions = uploads
-        else:
-            pairs = [self.form.contribution(u, broadcast, state) for u in uploads]
-            contributions = [c for c, _ in pairs]
-            if self.form.weights:
-                w = np.array([float(c["weight"]) for c in contributions])
-                diag["weights"] = (w / w.sum() if w.sum() > 0 else w).tolist()
-                if self.dp:
-                    norms = [n for _, n in pairs]
-                    diag["clipped"] = int(sum(n > self.settings.clip for n in norms))
-                    diag["update_norm"] = float(np.median(norms))
-        total = SumForm.total(contributions)
-        received = float(total["members"])
-        if self.dp and not self.client_noise:
-            total = self.form.noised(total, torch_gen(self.seed, NOISE, round))
-        state, alg_diag = self.alg.aggregate_private(state, self.form.estimate(total, broadcast),
-                                                     round)
-        alg_diag.pop("weights", None)  # the estimate's one weight says nothing
-        if self.dp:
-            self.multipliers.append(self.form.multiplier(received))
+        if self.form.weights:
+            w = np.array([float(c["weight"]) for c, _ in pairs])
+            diag["weights"] = (w / w.sum() if w.sum() > 0 else w).tolist()
+            if self.dp:
+                norms = [n for _, n in pairs]
+                diag["clipped"] = int(sum(n > self.form.settings.clip for n in norms))
+                diag["update_norm"] = float(np.median(norms))
+        state, alg_diag = self.inner.aggregate(state, broadcast, [c for c, _ in pairs], round)
         return state, {**alg_diag, **diag}
+
+
+class ClientContributions(Layer):
+    """Each client computes its contribution (with its share of the noise under client-side
+    DP) before the upload leaves it; the replies are contributions."""
+
+    def __init__(self, inner: SumOfContributions, seed: int):
+        super().__init__(inner)
+        self.seed = seed
+
+    def client_hook(self, noise_seed: int | None = None
+                    ) -> Callable[[RoundContext, int, Tensors], Tensors]:
+        """The hook making an upload a contribution; client-side noise is drawn from
+        ``noise_seed`` (a node's own secret), else from the run seed."""
+        seed = self.seed if noise_seed is None else noise_seed
+        noise = self.form.settings.client_noise
+
+        def contribute(rc: RoundContext, client: int, upload: Tensors) -> Tensors:
+            gen = torch_gen(seed, CLIENT_NOISE, rc.round, client) if noise else None
+            return self.form.contribution(upload, rc.broadcast, None, gen)[0]
+        return contribute
+
+
+class Accounting(Layer):
+    """Client-level DP's accountant: ``epsilon`` after every round, and the budget."""
+
+    def __init__(self, inner: Layer, core: SumOfContributions, accountant: Accountant,
+                 budget: Budget | None):
+        super().__init__(inner)
+        self.core, self.accountant, self.budget = core, accountant, budget
+        self.multipliers: list[float] = []  # one per round that released an aggregate
+
+    def aggregate(self, state, broadcast, replies, round):
+        out = self.inner.aggregate(state, broadcast, replies, round)
+        self.multipliers.append(self.core.form.multiplier(self.core.received))
+        return out
+
+    def after_round(self, record, round):
+        self.inner.after_round(record, round)
+        record["epsilon"] = self.epsilon()
 
     def epsilon(self) -> float:
         """Epsilon at ``delta`` after the rounds so far."""
-        return self.accountant.epsilon_of(self.multipliers) if self.accountant else 0.0
+        return self.accountant.epsilon_of(self.multipliers)
 
-    def allows(self, round: int) -> bool:
-        """Whether round ``round`` may run under the budget (at full noise)."""
+    def stop_reason(self, round):
+        """"privacy budget" when round ``round`` would exceed it (at full noise)."""
         if self.budget is None:
-            return True
-        eps = self.accountant.epsilon_of([*self.multipliers, self.form.multiplier()])
-        return self.budget.allows(round, eps)
+            return ""
+        eps = self.accountant.epsilon_of([*self.multipliers, self.core.form.multiplier()])
+        return "" if self.budget.allows(round, eps) else "privacy budget"
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self):
         return {"multipliers": list(self.multipliers)}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state):
         self.multipliers = [float(m) for m in state.get("multipliers", [])]
+
+
+def layers(cfg: Config, alg: Algorithm, num_clients: int, state: Tensors) -> Aggregation:
+    """The privacy layers of a run whose ``privacy`` section (checked) turns DP or secure
+    sums on."""
+    p, dp = cfg.privacy, dp_on(cfg)
+    client_noise = dp and p.noise == "client"
+    settings = SumSettings(
+        multiplier=p.noise_multiplier, clip=p.clip, proto_clip=p.proto_clip,
+        clients=cfg.clients.per_round, client_noise=client_noise,
+        scale=p.secagg_max_weight if p.secagg and not dp else 1.0)
+    form = SumForm(alg, flatten(alg.broadcast(state)), settings)
+    core = SumOfContributions(alg, form, ServerNoise(form, cfg.seed)
+                              if dp and not client_noise else None)
+    outer: Layer = (ClientContributions(core, cfg.seed) if p.secagg or client_noise
+                    else ServerContributions(core, dp))
+    if not dp:
+        return outer
+    if form.multiplier() < MIN_MULTIPLIER:
+        raise ProtoflError(
+            f"privacy.noise_multiplier = {p.noise_multiplier:g} leaves each round a noise "
+            f"multiplier of {form.multiplier():.3g} (below {MIN_MULTIPLIER}), where epsilon is "
+            "beyond any use; raise it, or set 0 to turn DP off")
+    accountant = Accountant(form.multiplier(), num_clients, cfg.clients.per_round, p.delta,
+                            p.sampling, p.accountant)
+    budget = None
+    if p.budget is not None:
+        budget = Budget(accountant, p.budget, p.on_budget)
+        first = accountant.epsilon(1)
+        if p.on_budget == "stop" and first > p.budget:
+            raise ProtoflError(f"privacy.budget = {p.budget:g} is below the epsilon of one "
+                               f"round ({first:.3g} at delta {p.delta:g}); raise it or "
+                               "privacy.noise_multiplier")
+    if alg.private_fallback and p.noise == "server":
+        log.warning("privacy: %s: %s", alg.name, alg.private_fallback)
+    return Accounting(outer, core, accountant, budget)

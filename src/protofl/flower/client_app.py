@@ -26,12 +26,11 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 
-from protofl.engine.experiment import Experiment
 from protofl.engine.schedule import Job
 from protofl.engine.train import ClientResult, RoundContext, train_client
 from protofl.errors import ProtoflError
 from protofl.flower.records import tree_from_records, tree_to_records
-from protofl.flower.setup import check_partitions, node_build
+from protofl.flower.setup import Node, check_partitions, node_build
 from protofl.metrics.sites import score_split
 
 STATE = "protofl.client_state"  # + a digest of the run's config: one state per protofl run
@@ -48,8 +47,8 @@ def partition_of(context: Context) -> tuple[int, int]:
     return int(nc["partition-id"]), int(nc["num-partitions"])
 
 
-def node_experiment(cfg_json: str, context: Context) -> Experiment:
-    """The run's Experiment on this node (its own files in site mode); a ProtoflError (a site
+def node_experiment(cfg_json: str, context: Context) -> Node:
+    """The run's Node on this node (its own files in site mode); a ProtoflError (a site
     whose files do not fit the federation) is logged on the node before it is raised."""
     pid, _ = partition_of(context)
     nc = context.node_config
@@ -73,7 +72,7 @@ def describe(msg: Message, context: Context) -> Message:
     info = {"partition-id": pid, "num-partitions": n}
     query = msg.content.config_records.get("query")
     if query is not None and "config" in query:
-        data = node_experiment(str(query["config"]), context).data
+        data = node_experiment(str(query["config"]), context).fed.data
         check_partitions(n, data)
         info.update({"num-examples": int(data.train_sizes[pid]),
                      "num-test": int(len(data.client_test(pid)[1]))})
@@ -84,15 +83,16 @@ def state_key(cfg_json: str) -> str:
     return f"{STATE}.{hashlib.sha256(cfg_json.encode()).hexdigest()[:16]}"
 
 
-def train_job(job, context: Context, broadcast) -> tuple[Experiment, ClientResult, str]:
+def train_job(job, context: Context, broadcast) -> tuple[Node, ClientResult, str]:
     """This node's client trained for ``job`` (a round's job record) from ``broadcast`` on
     the node's own partition, with the run's upload hook (client-side DP noise, secure-sum
-    contribution); returns the experiment, the result and the key of the client's state in
-    the node's context (the caller keeps the state once it accepts the result)."""
+    contribution); returns the node, the result and the key of the client's state in the
+    node's context (the caller keeps the state once it accepts the result)."""
     from protofl.flower import secure_client  # privacy.*: client-side DP noise, SecAgg+
 
     pid, n = partition_of(context)
-    b = node_experiment(str(job["config"]), context)
+    node = node_experiment(str(job["config"]), context)
+    b = node.fed
     check_partitions(n, b.data)
     client = int(job["client"])
     if client != pid:
@@ -101,8 +101,8 @@ def train_job(job, context: Context, broadcast) -> tuple[Experiment, ClientResul
     state = tree_from_records(context.state, key) if key in context.state else {}
     work = Job(client, int(job["units"]), bool(job["straggler"]))
     rc = RoundContext(b.alg, broadcast, [work], b.data, {client: state}, b.setup,
-                      int(job["round"]), secure_client.upload_hook(b, context))
-    return b, train_client(rc, work), key
+                      int(job["round"]), secure_client.upload_hook(node, context))
+    return node, train_client(rc, work), key
 
 
 @app.train()
@@ -112,14 +112,14 @@ def train(msg: Message, context: Context) -> Message:
 
     if secure_client.is_secure(msg):
         return secure_client.secure_train(msg, context)
-    b, result, key = train_job(msg.content.config_records["job"], context,
-                               tree_from_records(msg.content, "broadcast"))
+    node, result, key = train_job(msg.content.config_records["job"], context,
+                                  tree_from_records(msg.content, "broadcast"))
     if result.state:
         tree_to_records(result.state, key, context.state)
     content = tree_to_records(result.upload, "upload", RecordDict())
     content["metrics"] = MetricRecord({
         "loss": float(result.loss), "client": result.client,
-        "num-examples": int(len(b.data.client_train(result.client)[1]))})
+        "num-examples": int(len(node.fed.data.client_train(result.client)[1]))})
     return Message(content, reply_to=msg)
 
 
@@ -130,13 +130,13 @@ def evaluate(msg: Message, context: Context) -> Message:
     client's own, before its first round the one it would start from)."""
     job = msg.content.config_records["job"]
     pid, _ = partition_of(context)
-    b = node_experiment(str(job["config"]), context)
+    b = node_experiment(str(job["config"]), context).fed
     server_state = tree_from_records(msg.content, "state")
     key = state_key(str(job["config"]))
     own = tree_from_records(context.state, key) if key in context.state else {}
     x, y = b.data.client_test(pid)
     got = score_split(b.alg, b.alg.model, b.alg.eval_weights(server_state, own), server_state,
-                      x, y, b.data.num_classes, b.cfg.metrics.eval_batch, b.data.inputs)
+                      x, y, b.data.num_classes, b.spec.metrics.eval_batch, b.data.inputs)
     out = {"confusion": torch.from_numpy(got.confusion),
            "loss_sum": torch.tensor(got.loss_sum, dtype=torch.float64)}
     return Message(tree_to_records(out, "eval", RecordDict()), reply_to=msg)

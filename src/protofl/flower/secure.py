@@ -8,7 +8,7 @@ prototype sums and counts, with its share of the DP noise when ``privacy.noise: 
 all packed into the masked vector, its training loss included (clamped to the range). Every
 client reports weight 1 (``FitRes.num_examples`` travels in the clear, so no real weight goes
 there); SecAgg+ returns the mean of the vectors over the K'' clients that finished, which
-times K'' is the sum the engine's ``PrivateRounds`` turns into the next state.
+times K'' is the sum the engine's privacy layers (``engine/private.py``) turn into the next state.
 
 Without SecAgg, ``privacy.noise: client`` still has each ClientApp send its noised
 contribution instead of its upload (``secure_client.upload_hook``, the ClientApp's half of
@@ -140,7 +140,7 @@ class SecureTrainer(FlowerTrainer):
                              "left out of the SecAgg+ round (error, timeout or too few peers)")
         if not done or not strategy.mean:
             return []
-        return self.results(strategy.mean, sorted(done), exp.private.spec())
+        return self.results(strategy.mean, sorted(done), exp.aggregation.reply_spec())
 
     @staticmethod
     def results(mean: list[np.ndarray], clients: list[int], spec: dict) -> list[ClientResult]:

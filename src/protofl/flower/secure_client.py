@@ -15,23 +15,21 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat as compat
 
-from protofl.engine.experiment import Experiment
 from protofl.errors import ProtoflError
 from protofl.flower.client_app import train_job
 from protofl.flower.records import tree_from_arrays, tree_to_records
+from protofl.flower.setup import Node
 from protofl.nested import flatten
 
 NOISE_SEED = "noise-seed"  # node-config key: this node's secret seed for its DP noise
 
 
-def upload_hook(b: Experiment, context: Context) -> Any:
+def upload_hook(b: Node, context: Context) -> Any:
     """What this node does to an upload before it leaves: its contribution when the clients
-    compute them (client-side noise, secure aggregation), else nothing (None)."""
-    if b.private is None or not b.private.from_clients:
-        return None
+    compute them (client-side noise, secure aggregation), else nothing (None); its DP noise
+    is drawn from the node's own ``noise-seed`` when it sets one."""
     secret = context.node_config.get(NOISE_SEED)
-    b.private.client_secret = int(secret) if secret not in (None, "") else None
-    return b.private.client_hook
+    return b.aggregation.client_hook(int(secret) if secret not in (None, "") else None)
 
 
 def is_secure(msg: Message) -> bool:
@@ -51,17 +49,17 @@ def fit(msg: Message, context: Context) -> Message:
     job = ins.config
     broadcast = tree_from_arrays(parameters_to_ndarrays(ins.parameters), str(job["skeleton"]))
     b, result, key = train_job(job, context, broadcast)
-    if not b.cfg.privacy.secagg:
+    if not b.fed.spec.privacy.secagg:
         raise ProtoflError("flower: a SecAgg+ round for a run without privacy.secagg")
     if not math.isfinite(result.loss):
         raise ProtoflError(f"client {result.client}: local training diverged "
                            f"(loss {result.loss})")
     if result.state:
         tree_to_records(result.state, key, context.state)
-    reach = b.cfg.privacy.secagg_range
+    reach = b.fed.spec.privacy.secagg_range
     flat = flatten(result.upload)
     arrays = []
-    for name in b.private.spec():
+    for name in b.aggregation.reply_spec():
         a = flat[name].detach().to("cpu", torch.float64).numpy()
         if not np.isfinite(a).all() or (a.size and np.abs(a).max() > reach):
             top = float(np.abs(a).max()) if np.isfinite(a).all() else math.nan

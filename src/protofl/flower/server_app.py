@@ -322,7 +322,7 @@ def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout:
     # the run folder is prepared before the trainer's on_run_start logs anything into it
     exp = Experiment(cfg, trainer=trainer, callbacks=[
         *metrics, *folder_callbacks(out, overwrite=False, progress=False), trainer, *callbacks])
-    if exp.alg.centralized:
+    if exp.cfg.data.pooled:
         raise ProtoflError(f"flower: {exp.alg.name} trains on the pooled data of every client, "
                            "which a federation never gathers; run it with `protofl run`")
     if out is None:

@@ -1,16 +1,22 @@
-"""What both Flower apps build from a run: the protofl Config, and (cached per process) the
-engine's Experiment holding the data, model and algorithm it names."""
+"""What both Flower apps build from a run: the protofl Config, and (cached per process) a
+node's :class:`Node`: the run's Federation (data, model, algorithm, local setup) and its
+aggregation layers, whose client hook makes an upload the node's contribution. A node never
+builds the round loop, and imports nothing a run config names (callbacks run on the server)."""
 
 from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from protofl.config import Config, apply_set, config_from_dict, load_raw
 from protofl.data.federated import FederatedData
 from protofl.data.site import SITE, site_data
-from protofl.engine.experiment import Experiment
+from protofl.engine.aggregation import Aggregation, stack
+from protofl.engine.federation import Federation, build
 from protofl.errors import ProtoflError
 
 # run-config keys (``[tool.flwr.app.config]`` in pyproject.toml, ``flwr run -c``)
@@ -33,34 +39,48 @@ def config_from_run(run_config: dict[str, Any]) -> Config:
     return config_from_dict(raw)
 
 
+@dataclass
+class Node:
+    """What a SuperNode holds of a run: its Federation and aggregation layers."""
+
+    fed: Federation
+    aggregation: Aggregation
+
+
+def node_of(cfg: Config, data: FederatedData | None = None) -> Node:
+    fed = build(cfg, data)
+    torch.set_num_threads(fed.spec.threads)  # the node process is the run's
+    return Node(fed, stack(fed.spec, fed.alg, fed.data.num_clients, fed.state))
+
+
 @functools.lru_cache(maxsize=2)
-def build(cfg_json: str, data_root: str = "") -> Experiment:
-    """The in-process Experiment of a config (JSON of ``Config.to_dict()``), built once per
-    process, so a ClientApp's data, model (wrapped by the algorithm), algorithm and local
-    setup are built exactly as the engine builds them; ``data_root`` replaces ``data.root``
-    (a SuperNode's own copy of the dataset files)."""
+def build_shared(cfg_json: str, data_root: str = "") -> Node:
+    """The Node of a config (JSON of ``Config.to_dict()``), built once per process, so a
+    ClientApp's data, model (wrapped by the algorithm), algorithm and local setup are built
+    exactly as the engine builds them; ``data_root`` replaces ``data.root`` (a SuperNode's
+    own copy of the dataset files)."""
     raw = json.loads(cfg_json)
     if data_root:
         raw["data"]["root"] = data_root
-    return Experiment(config_from_dict(raw))
+    return node_of(config_from_dict(raw))
 
 
 @functools.lru_cache(maxsize=4)  # a simulation worker may host several sites
-def build_site(cfg_json: str, data_root: str, data_name: str, site: int) -> Experiment:
-    """Site mode (``data.name: site``): the Experiment of a node whose data are its own files
-    at ``data_root`` (format ``data_name``, else ``data.site_format``) as client ``site``,
+def build_site(cfg_json: str, data_root: str, data_name: str, site: int) -> Node:
+    """Site mode (``data.name: site``): the Node whose data are its own files at
+    ``data_root`` (format ``data_name``, else ``data.site_format``) as client ``site``,
     checked against the agreed classes and input shape; built once per process."""
     cfg = config_from_dict(json.loads(cfg_json))
     fmt = data_name or cfg.data.site_format
-    return Experiment(cfg, data=site_data(cfg.data, fmt, data_root, site))
+    return node_of(cfg, site_data(cfg.data, fmt, data_root, site))
 
 
-def node_build(cfg_json: str, data_root: str, data_name: str, site: int) -> Experiment:
-    """A node's Experiment: :func:`build_site` in site mode, else :func:`build` (one cached
+def node_build(cfg_json: str, data_root: str, data_name: str, site: int) -> Node:
+    """A node's Node: :func:`build_site` in site mode, else :func:`build_shared` (one cached
     copy of the dataset for every virtual node of a simulation worker)."""
     if json.loads(cfg_json).get("data", {}).get("name") == SITE:
         return build_site(cfg_json, data_root, data_name, site)
-    return build(cfg_json, data_root)
+    return build_shared(cfg_json, data_root)
 
 
 def check_partitions(num_partitions: int, data: FederatedData) -> None:

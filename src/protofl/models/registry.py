@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 
 from protofl.config import ModelConfig
@@ -29,28 +28,22 @@ DEEPLAB_KEYS = {"width": DEFAULTS["width"], "output_stride": DEFAULTS["output_st
                 "seg_channels": DEFAULTS["channels"]}
 
 
-def resolve_model_config(name: str, cfg: ModelConfig, dataset_defaults: dict | None = None
-                         ) -> ModelConfig:
-    """``cfg`` with DeepLab's null keys filled (the dataset's values, else the defaults), so
-    the resolved config names the model built; a DeepLab key set for another model,
-    ``norm: batch`` or ``pretrained`` for a model without them, or channels that are not a
-    multiple of 8, is a one-line error."""
+def check_model_config(cfg: ModelConfig) -> None:
+    """One-line errors for a model section that does not fit its model ``cfg.name``: a DeepLab
+    key set for another model, ``norm: batch`` or ``pretrained`` for a model without them,
+    or channels that are not a multiple of 8 (``engine/spec.py`` fills the null keys)."""
+    name = cfg.name
     if name not in NORMALISED and (cfg.norm != "group" or cfg.pretrained is not None):
         key = "norm" if cfg.norm != "group" else "pretrained"
         raise ProtoflError(f"config: model.{key} applies to {' and '.join(NORMALISED)} only, "
                            f"not {name!r}")
     given = [k for k in DEEPLAB_KEYS if getattr(cfg, k) is not None]
-    if name != "deeplabv3plus":
-        if given:
-            raise ProtoflError(f"config: model.{given[0]} applies to deeplabv3plus only, not "
-                               f"{name!r}")
-        return cfg
+    if name != "deeplabv3plus" and given:
+        raise ProtoflError(f"config: model.{given[0]} applies to deeplabv3plus only, not "
+                           f"{name!r}")
     if cfg.seg_channels is not None and cfg.seg_channels % 8:
         raise ProtoflError(f"config: model.seg_channels = {cfg.seg_channels} is out of range; "
                            "allowed: a multiple of 8, >= 8")
-    fill = {k: (dataset_defaults or {}).get(k, v) for k, v in DEEPLAB_KEYS.items()
-            if getattr(cfg, k) is None}
-    return dataclasses.replace(cfg, **fill)
 
 
 def _mlp(in_shape, num_classes):

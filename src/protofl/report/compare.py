@@ -4,6 +4,7 @@ Table 4 (AMM and FFD per method, Pearson's ρ of final AMM and accuracy), and cu
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,14 +19,23 @@ from protofl.report import outputs
 from protofl.report.labels import COLUMNS, LEGEND, headers, row_labels, setting_caption
 from protofl.report.plots import plot_groups, plot_weights
 
+log = logging.getLogger("protofl")
+
 REFERENCE = "fedavg"  # FFD(A, B) compares every method A with B = this one
 CENTRAL = "central"  # the centralized baseline (and usual FFD reference model)
 
 
 def load_runs(folders: list[Path]) -> list[dict]:
-    """Each finished run folder as ``{folder, summary, config, rows}`` (each counted once)."""
-    return [{"folder": f, "summary": load_summary(f), "config": runfolder.load_config_json(f),
+    """Each finished run folder as ``{folder, summary, config, rows}`` (each counted once);
+    runs made by different protofl versions are compared with a warning."""
+    runs = [{"folder": f, "summary": load_summary(f), "config": runfolder.load_config_json(f),
              "rows": runfolder.read_metrics(f)} for f in outputs.unique_runs(folders)]
+    versions = sorted({str(r["summary"].get("provenance", {}).get("protofl", "unknown"))
+                       for r in runs})
+    if len(versions) > 1:
+        log.warning("these runs were made by different protofl versions (%s): their numbers "
+                    "may differ for that reason alone", ", ".join(versions))
+    return runs
 
 
 def load_summary(folder: Path) -> dict:

@@ -8,6 +8,7 @@ from matplotlib.ticker import MaxNLocator
 
 from protofl.metrics.mmd import ffd
 from protofl.report import svg
+from protofl.report.canvas import subplots
 from protofl.report.plots import confusion_figure, weights_figure
 
 NAMES = {"accuracy": "test accuracy", "balanced_accuracy": "balanced accuracy",
@@ -91,9 +92,7 @@ def curve_svg(series: dict[int, tuple[str, tuple[list, list, list]]], title: str
     band); the index fixes the colour and the ``series-<i>`` class. Returns the SVG and the
     numbers for hover values."""
     with svg.style():
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(4.6, 3.0), layout="constrained")
+        fig, ax = subplots(figsize=(4.6, 3.0), layout="constrained")
         for i, (name, (x, m, s)) in series.items():
             xa, ma, sa = np.asarray(x), np.asarray(m), np.asarray(s)
             (line,) = ax.plot(xa, ma, color=color(i), lw=1.5, label=name)
@@ -109,13 +108,12 @@ def curve_svg(series: dict[int, tuple[str, tuple[list, list, list]]], title: str
         ax.set_title(title)
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
-        text = svg.to_svg(fig, prefix, close=False)
+        text = svg.to_svg(fig, prefix)
         meta = {"box": svg.axes_box(fig, ax), "xlim": [float(v) for v in ax.get_xlim()],
                 "title": title,
                 "series": [{"i": i, "name": name, "x": x, "y": [round(v, 6) for v in m],
                             "s": [round(v, 6) for v in s]} for i, (name, (x, m, s))
                            in series.items()]}
-        plt.close(fig)
         return text, meta
 
 

@@ -6,14 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from protofl.engine import runfolder  # noqa: E402
-from protofl.engine.callbacks import Callback  # noqa: E402
+from protofl.engine import runfolder
+from protofl.engine.callbacks import Callback
+from protofl.report.canvas import subplots
 
 CURVES = (("accuracy", "test accuracy"), ("train_loss", "training loss"),
           ("dissimilarity", "gradient dissimilarity"), ("amm", "aggregate mean margin"))
@@ -38,7 +35,7 @@ def plot_run(folder: Path) -> None:
     """``curves.png`` (the four curves) and ``confusion.png`` for one run folder."""
     folder = Path(folder)
     rows = runfolder.read_metrics(folder)
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
+    fig, axes = subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
     for ax, (key, label) in zip(axes, curves_of([rows])):
         x, y = series(rows, key)
         ax.plot(x, y)
@@ -48,7 +45,6 @@ def plot_run(folder: Path) -> None:
             ax.set_yscale("log")
     fig.tight_layout()
     fig.savefig(folder / "curves.png", dpi=100)
-    plt.close(fig)
     summary_path = folder / runfolder.SUMMARY
     if summary_path.exists():
         summary = json.loads(summary_path.read_text())
@@ -62,7 +58,7 @@ def confusion_figure(m: np.ndarray, title: str = "", names: list[str] | None = N
     rows = m.sum(1, keepdims=True)
     norm = np.divide(m, rows, out=np.zeros(m.shape, dtype=float), where=rows > 0)
     size = max(4.0, 0.45 * len(m) + 2)
-    fig, ax = plt.subplots(figsize=(size, size))
+    fig, ax = subplots(figsize=(size, size))
     ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
     if len(m) <= 20:
         for i in range(len(m)):
@@ -99,12 +95,11 @@ def plot_confusion(m: np.ndarray, path: Path, title: str = "",
                    names: list[str] | None = None) -> None:
     fig = confusion_figure(m, title, names)
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def plot_groups(groups: dict[str, list[list[dict]]], path: Path, title: str = "") -> None:
     """One line per group (e.g. an algorithm), mean over its runs, shaded ±1 std."""
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.4))
+    fig, axes = subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.4))
     for ax, (key, label) in zip(axes, curves_of([r for runs in groups.values() for r in runs])):
         drawn = False
         for name, runs in groups.items():
@@ -130,7 +125,6 @@ def plot_groups(groups: dict[str, list[list[dict]]], path: Path, title: str = ""
         fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def weights_figure(groups: dict[str, list[list[dict]]], title: str = ""):
@@ -149,7 +143,7 @@ def weights_figure(groups: dict[str, list[list[dict]]], title: str = ""):
             hists[name] = (np.asarray(a), np.asarray(f))
     if not hists:
         return None
-    fig, axes = plt.subplots(1, len(hists), figsize=(4.5 * len(hists), 3.4), squeeze=False)
+    fig, axes = subplots(1, len(hists), squeeze=False, figsize=(4.5 * len(hists), 3.4))
     for ax, (name, (a, f)) in zip(axes[0], hists.items()):
         bins = np.linspace(0, max(a.max(), f.max()) * 1.05, 40)
         ax.hist(f, bins=bins, alpha=0.5, label="FedAvg n_k / sum n")
@@ -169,4 +163,3 @@ def plot_weights(groups: dict[str, list[list[dict]]], path: Path, title: str = "
     fig = weights_figure(groups, title)
     if fig is not None:
         fig.savefig(path, dpi=100)
-        plt.close(fig)

@@ -7,17 +7,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import torch
+from matplotlib.patches import Patch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-
-from protofl.data.federated import FederatedData  # noqa: E402
-from protofl.errors import ProtoflError  # noqa: E402
-from protofl.metrics.segmentation import feature_entropy, softmax_entropy  # noqa: E402
+from protofl.data.federated import FederatedData
+from protofl.errors import ProtoflError
+from protofl.metrics.segmentation import feature_entropy, softmax_entropy
+from protofl.report.canvas import subplots
 from protofl.tasks import VOID
 
 MAPS = ("pred", "softmax_entropy", "feature_entropy")
@@ -86,7 +83,7 @@ def qualitative_figure(images, truth, methods: Mapping[str, Mapping[str, object]
     hi = {k: max(max(float(a[k].max()) for a in arrays.values()), lo[k] + 1e-9)
           for k in MAPS[1:]}
     cols = 2 + 3 * len(methods)
-    fig, axes = plt.subplots(n, cols, figsize=(1.6 * cols, 1.7 * n + 0.6), squeeze=False)
+    fig, axes = subplots(n, cols, squeeze=False, figsize=(1.6 * cols, 1.7 * n + 0.6))
     heads = ["image", "ground truth"] + [f"{m}\n{label}" for m in methods
                                          for label in ("prediction", "H softmax", "H features")]
     present: set[int] = set()
@@ -118,7 +115,6 @@ def qualitative_figure(images, truth, methods: Mapping[str, Mapping[str, object]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
@@ -132,7 +128,7 @@ def partition_figure(splits: Mapping[str, FederatedData], path: str | Path,
     if not splits:
         raise ProtoflError("partition figure: no splits given")
     cmap = voc_colormap() / 255.0
-    fig, axes = plt.subplots(len(splits), 3, figsize=(13, 3.0 * len(splits)), squeeze=False)
+    fig, axes = subplots(len(splits), 3, figsize=(13, 3.0 * len(splits)), squeeze=False)
     for row, (label, data) in zip(axes, splits.items()):
         counts = data.class_counts
         classes = np.arange(data.num_classes)
@@ -158,7 +154,6 @@ def partition_figure(splits: Mapping[str, FederatedData], path: str | Path,
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 

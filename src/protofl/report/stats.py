@@ -6,14 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from protofl.data.federated import FederatedData  # noqa: E402
-from protofl.engine import runfolder  # noqa: E402
-from protofl.engine.callbacks import Callback  # noqa: E402
+from protofl.data.federated import FederatedData
+from protofl.engine import runfolder
+from protofl.engine.callbacks import Callback
+from protofl.report.canvas import subplots
 
 
 def partition_summary(data: FederatedData) -> dict:
@@ -33,7 +31,7 @@ def write_stats(data: FederatedData, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     runfolder.write_json(out / "stats.json", s)
     hist = [s["clients_with_n_classes"].get(n, 0) for n in range(1, data.num_classes + 1)]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    fig, axes = subplots(1, 3, figsize=(13, 3.4))
     fig.subplots_adjust(left=0.05, right=0.99, bottom=0.16, top=0.88, wspace=0.25)  # fast
     axes[0].bar(range(1, data.num_classes + 1), hist)
     axes[0].set_xlabel("classes on a client")
@@ -43,7 +41,7 @@ def write_stats(data: FederatedData, out: Path) -> dict:
     axes[1].set_ylabel("clients")
     shown = data.class_counts[: min(30, data.num_clients)]
     bottom = np.zeros(len(shown))
-    cmap = plt.get_cmap("tab20")
+    cmap = matplotlib.colormaps.get_cmap("tab20")
     for c in range(data.num_classes):
         axes[2].bar(range(len(shown)), shown[:, c], bottom=bottom, color=cmap(c % 20))
         bottom += shown[:, c]
@@ -51,7 +49,6 @@ def write_stats(data: FederatedData, out: Path) -> dict:
     axes[2].set_ylabel("samples per class")
     fig.suptitle(f"{s['dataset']} partition")
     fig.savefig(out / "stats.png", dpi=100)
-    plt.close(fig)
     return s
 
 

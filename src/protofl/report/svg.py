@@ -9,9 +9,6 @@ import re
 
 import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 RC = {"svg.fonttype": "none", "svg.hashsalt": "protofl", "figure.dpi": 72,
       "font.family": "sans-serif", "font.size": 9}
 
@@ -22,7 +19,7 @@ _SERIES = re.compile(r'<g id="([^"]*series-(\d+)-[^"]*)"')
 
 def style():
     """Context in which to build a report figure (72 dpi: SVG units are points)."""
-    return plt.rc_context(RC)
+    return matplotlib.rc_context(RC)
 
 
 def axes_box(fig, ax) -> list[float]:
@@ -35,15 +32,12 @@ def axes_box(fig, ax) -> list[float]:
             round((h - b.y0) * scale, 2)]
 
 
-def to_svg(fig, prefix: str, close: bool = True) -> str:
+def to_svg(fig, prefix: str) -> str:
     """The figure as an ``<svg>`` element (no XML header) with every id prefixed by
-    ``prefix``; the figure is closed unless ``close`` is false (then its layout is final and
-    ``axes_box`` can be read)."""
+    ``prefix``; afterwards its layout is final and ``axes_box`` can be read."""
     buf = io.StringIO()
-    with plt.rc_context(RC):
+    with matplotlib.rc_context(RC):
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
-    if close:
-        plt.close(fig)
     text = buf.getvalue()
     text = text[text.index("<svg"):]
     text = _ID.sub(lambda m: f'id="{prefix}-{m.group(1)}"', text)

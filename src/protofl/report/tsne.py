@@ -7,17 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import numpy as np
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from protofl import tasks  # noqa: E402
-from protofl.algorithms.base import Tensors, features  # noqa: E402
-from protofl.data.federated import FederatedData  # noqa: E402
-from protofl.errors import ProtoflError  # noqa: E402
-from protofl.report.runs import restored  # noqa: E402
+from protofl import tasks
+from protofl.algorithms.base import Tensors, features
+from protofl.data.federated import FederatedData
+from protofl.errors import ProtoflError
+from protofl.report.canvas import subplots
+from protofl.report.runs import restored
 
 BACKGROUND = 0
 POOL = 4  # pixels gathered per pixel drawn, before the uniform draw
@@ -74,13 +72,13 @@ def tsne_plot(folder: Path, samples: int = 1000, seed: int = 0) -> Path:
         labels = y[pick].numpy()
     emb = TSNE(2, init="pca", random_state=seed,
                perplexity=min(30.0, max(2.0, len(labels) / 4))).fit_transform(z.numpy())
-    fig, ax = plt.subplots(figsize=(6, 6))
+    fig, ax = subplots(figsize=(6, 6))
     if dense:
         from protofl.report.segmentation import voc_colormap
 
         colours = voc_colormap() / 255.0
     else:
-        cmap = plt.get_cmap("tab20")
+        cmap = matplotlib.colormaps.get_cmap("tab20")
         colours = [cmap(c % 20) for c in range(data.num_classes)]
     for c in np.unique(labels):
         m = labels == c
@@ -95,5 +93,4 @@ def tsne_plot(folder: Path, samples: int = 1000, seed: int = 0) -> Path:
     fig.tight_layout()
     path = folder / "tsne.png"
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path

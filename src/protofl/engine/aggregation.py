@@ -1,0 +1,77 @@
+"""Aggregation as a stack of layers around the algorithm's server rule, chosen once per run.
+
+The round loop talks to one :class:`Aggregation` and never asks whether the run is private:
+
+- ``client_hook()``: what a client makes of its upload before it leaves (None: nothing);
+- ``reply_spec()``: what a valid reply holds (screens replies);
+- ``aggregate(state, broadcast, replies, round)``: the next state and the metrics line's
+  figures;
+- ``after_round(record, round)``: figures of the round's release (epsilon), and
+  ``stop_reason(round)``: why round ``round`` may not run ("" when it may);
+- ``individual``: whether replies are the clients' own uploads (a metric that reads one
+  client's upload needs it), and ``state_dict`` / ``load_state_dict`` (checkpointed).
+
+:class:`Plain` is the algorithm's rule over the uploads. Client-level DP and secure sums are
+the layers of ``engine/private.py`` (contributions clipped on the server or computed on the
+clients, their sum with the server's noise, the accountant), stacked by :func:`stack` as
+TensorFlow Federated composes aggregation factories.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from protofl.algorithms.base import Algorithm, Tensors, UploadEntry
+from protofl.config import Config
+
+if TYPE_CHECKING:
+    from protofl.engine.train import RoundContext
+
+
+class Aggregation:
+    """The plain layer: the algorithm's own server rule over the clients' uploads."""
+
+    individual = True
+
+    def __init__(self, alg: Algorithm):
+        self.alg = alg
+
+    def client_hook(self, noise_seed: int | None = None
+                    ) -> Callable[[RoundContext, int, Tensors], Tensors] | None:
+        """What a client makes of its upload before it leaves (None: nothing);
+        ``noise_seed``: a node's own seed for its share of DP noise."""
+        return None
+
+    def reply_spec(self) -> dict[str, UploadEntry]:
+        return self.alg.upload_spec()
+
+    def aggregate(self, state: Tensors, broadcast: Tensors, replies: list[Tensors],
+                  round: int) -> tuple[Tensors, dict[str, Any]]:
+        return self.alg.aggregate(state, replies, round)
+
+    def after_round(self, record: dict, round: int) -> None:
+        pass
+
+    def stop_reason(self, round: int) -> str:
+        return ""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+Plain = Aggregation
+
+
+def stack(cfg: Config, alg: Algorithm, num_clients: int, state: Tensors) -> Aggregation:
+    """The run's aggregation: plain, or the privacy layers its ``privacy`` section asks for
+    (checked against the algorithm first: one line for what is not covered)."""
+    from protofl.engine import private
+
+    private.check(cfg, alg)
+    if not private.dp_on(cfg) and not cfg.privacy.secagg:
+        return Plain(alg)
+    return private.layers(cfg, alg, num_clients, state)

@@ -1,0 +1,129 @@
+"""The one resolver: a config becomes a :class:`RunSpec`, every default filled in one pass.
+
+Defaults are *declared* where they belong (a dataset's partition, augmentation and model in
+``data/registry.py``, DeepLab's sizes in ``models/registry.py``, an algorithm's options and
+its paper's local-training settings in its class, each option's fallback in ``config.py``);
+they are *filled* here only. ``config.json`` is the spec, and resolving a spec again changes
+nothing (a resumed run and a Flower node resolve what the server wrote)::
+
+    data = load_dataset(resolve_data(cfg.data), lean=True)
+    spec = resolve(cfg, data)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from protofl.algorithms.registry import ALGORITHMS, algorithm_class
+from protofl.config import Config, DataConfig, ModelConfig, build, declared
+from protofl.data.federated import FederatedData
+from protofl.data.registry import dataset_spec, dataset_task
+from protofl.engine.parallel import resolve_workers, usable_cores
+from protofl.engine.schedule import step_budget
+from protofl.errors import ProtoflError
+from protofl.models.registry import DEEPLAB_KEYS, build_model, check_model_config
+
+SMALL_MODEL = 1_000_000  # parameters: below this, one thread is fastest (no sync overhead)
+
+
+class RunSpec(Config):
+    """A resolved config: what ``config.json`` holds and what a run is built from."""
+
+
+def fill(section: Any, defaults: dict[str, Any]) -> Any:
+    """``section`` (an option dataclass) with each null option that has a ``fallback`` set to
+    ``defaults[name]`` (an algorithm's paper setting) or else to its fallback."""
+    values = {name: defaults.get(name, rule.fallback)
+              for name, _, _, rule in declared(type(section))
+              if rule is not None and rule.fallback is not None and getattr(section, name) is None}
+    return dataclasses.replace(section, **values)
+
+
+def resolve_data(data: DataConfig) -> DataConfig:
+    """The data section with the dataset's own partition and augmentation filled in (what
+    ``load_dataset`` reads)."""
+    spec = dataset_spec(data.name)
+    return dataclasses.replace(data, partition=data.partition or spec.partition,
+                               augment=data.augment or spec.augment)
+
+
+def resolve_model(cfg: Config) -> ModelConfig:
+    """The model section naming the model built: ``auto`` is the dataset's paper model, and
+    DeepLab's null sizes are the dataset's, else DeepLab's defaults."""
+    spec = dataset_spec(cfg.data.name)
+    name = cfg.model.name if cfg.model.name != "auto" else spec.model
+    model = dataclasses.replace(cfg.model, name=name)
+    check_model_config(model)
+    if name == "deeplabv3plus":
+        model = dataclasses.replace(model, **{
+            k: spec.model_options.get(k, v) for k, v in DEEPLAB_KEYS.items()
+            if getattr(model, k) is None})
+    return model
+
+
+def check_task(cfg: Config) -> str:
+    """The run's task (the dataset's; ``cfg.task``, when set, must agree), and that the
+    algorithm is written for it: one-line errors otherwise."""
+    task = dataset_task(cfg.data.name, cfg.task)
+    cls = algorithm_class(cfg.algorithm)
+    if task not in cls.tasks:
+        fit = [n for n in ALGORITHMS if task in algorithm_class(n).tasks]
+        raise ProtoflError(f"algorithm {cls.name!r} supports {' and '.join(cls.tasks)} only, "
+                           f"not {task} ({cfg.data.name}); {task} algorithms: {', '.join(fit)}")
+    return task
+
+
+def trained_parameters(spec: Config, data: FederatedData) -> int:
+    """How many parameters the run's model has (wrapped by its algorithm), counted on a
+    model built on the meta device: no memory, no weights file read, no random draw."""
+    model_cfg = dataclasses.replace(spec.model, pretrained=None)
+    with torch.device("meta"):
+        model = build_model(model_cfg.name, data.input_shape, data.num_classes, model_cfg)
+        alg = algorithm_class(spec.algorithm)(spec.algo, model, data.num_classes)
+    return sum(p.numel() for p in alg.model.parameters())
+
+
+def auto_threads(parameters: int) -> int:
+    """Torch threads for a run: 1 for small models, whose operations are too short to share
+    (more threads only spin, badly so when anything else runs); half the usable cores else."""
+    return 1 if parameters < SMALL_MODEL else max(1, usable_cores() // 2)
+
+
+def resolve(cfg: Config, data: FederatedData) -> RunSpec:
+    """``cfg`` with every default filled for a run on ``data`` (the federation it names):
+    the dataset's partition, augmentation and model; the algorithm's canonical name and
+    options and the ``data.*`` settings it implies; the clients' settings (the config's, else
+    the paper's, else the fallbacks; DP samples uniformly); threads, workers and the client
+    count; and for pooled data (the centralized baseline), one client taking a federated
+    round's expected SGD steps each round."""
+    task = check_task(cfg)
+    cls = algorithm_class(cfg.algorithm)
+    data_cfg = dataclasses.replace(resolve_data(cfg.data), num_clients=data.num_clients,
+                                   **cls.data_defaults)
+    augment = data_cfg.augment
+    if augment != "none" and len(data.input_shape) != 3:
+        raise ProtoflError(f"config: data.augment = {augment} needs images (C, H, W); "
+                           f"{data.name} rows are {data.input_shape}")
+    paper = dict(cls.client_defaults)
+    if cfg.privacy.noise_multiplier > 0 and cfg.clients.sampling is None:
+        paper["sampling"] = "uniform"  # DP cannot account for size-weighted sampling
+    clients = fill(cfg.clients, paper)
+    if clients.per_round > data.num_clients:
+        raise ProtoflError(f"config: clients.per_round = {clients.per_round} exceeds the "
+                           f"{data.num_clients} clients of {data.name}")
+    if data_cfg.pooled:
+        budget = step_budget(data.train_sizes, clients.per_round, clients.local_epochs,
+                             clients.local_steps, clients.batch_size)
+        clients = dataclasses.replace(clients, per_round=1, local_steps=budget, stragglers=0.0)
+    spec = RunSpec(**{**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config)},
+                      "algorithm": cls.name, "task": task,
+                      "algo": dataclasses.asdict(build(cls.Options, dict(cfg.algo), "algo")),
+                      "workers": resolve_workers(cfg.workers),
+                      "data": data_cfg, "model": resolve_model(cfg), "clients": clients,
+                      "metrics": fill(cfg.metrics, {"save_weights": data_cfg.pooled})})
+    if spec.threads is None:
+        spec = dataclasses.replace(spec, threads=auto_threads(trained_parameters(spec, data)))
+    return spec
