@@ -213,8 +213,10 @@ def test_frozen_batchnorm_keeps_the_running_statistics(tmp_path):
     from protofl.engine.vectorized import vectorize_reason
 
     assert vectorize_reason(frozen) is None and vectorize_reason(models["batch"]) is not None
+    from protofl.models.registry import check_model_config
+
     with pytest.raises(ProtoflError, match="frozen.*needs model.pretrained"):
-        deeplabv3plus((3, 32, 32), 4, ModelConfig(norm="frozen"))
+        check_model_config(ModelConfig(name="deeplabv3plus", norm="frozen"))
 
 
 def test_group_norm_from_batchnorm_is_exact_at_the_population_statistics():

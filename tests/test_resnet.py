@@ -148,5 +148,7 @@ def test_pretrained_frozen_batchnorm(tmp_path):
     small = resnet18((3, 28, 28), 5, ModelConfig(norm="frozen", pretrained=str(path)))
     assert isinstance(small.stem[1], torch.nn.GroupNorm)
     assert isinstance(small.layer1[0].norm1, FrozenBatchNorm2d)
+    from protofl.models.registry import check_model_config
+
     with pytest.raises(ProtoflError, match="needs model.pretrained"):
-        resnet18((3, 64, 64), 5, ModelConfig(norm="frozen"))
+        check_model_config(ModelConfig(name="resnet18", norm="frozen"))

@@ -30,7 +30,6 @@ from protofl.errors import ProtoflError
 from protofl.models.nets import ProtoNet
 from protofl.models.norms import NORMS, FrozenBatchNorm2d
 from protofl.models.pretrained import (
-    check_norm,
     convert_group_norms,
     read_state_dict,
     source_tensor,
@@ -238,7 +237,6 @@ def deeplabv3plus(in_shape: tuple[int, ...], num_classes: int, cfg=None, *,
                           output_stride=pick(output_stride, "output_stride", "output_stride"),
                           channels=pick(channels, "seg_channels", "channels"),
                           norm=getattr(cfg, "norm", None) or "group")
-    check_norm(cfg)
     if getattr(cfg, "pretrained", None):
         load_pretrained(model, cfg.pretrained)
     return model

@@ -19,7 +19,6 @@ from protofl.errors import ProtoflError
 from protofl.models.nets import ProtoNet
 from protofl.models.norms import NORMS, FrozenBatchNorm2d
 from protofl.models.pretrained import (
-    check_norm,
     convert_group_norms,
     read_state_dict,
     source_tensor,
@@ -156,7 +155,6 @@ def load_pretrained(model: ResNet18, path: str) -> None:
 def resnet18(in_shape: tuple[int, ...], num_classes: int, cfg: ModelConfig) -> ResNet18:
     """ResNet-18 for ``in_shape (C, H, W)`` with ``cfg.norm`` and optional ``cfg.pretrained``."""
     model = ResNet18(tuple(in_shape), num_classes, cfg.norm)
-    check_norm(cfg)
     if cfg.pretrained:
         load_pretrained(model, cfg.pretrained)
     return model
