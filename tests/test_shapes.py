@@ -30,9 +30,9 @@ def test_generation_is_deterministic_and_single_class():
 
 
 def test_generation_is_fast():
-    t = time.perf_counter()
+    t = time.process_time()  # CPU time: a shared machine's load does not count
     generate_shapes(1500, 48, seed=1)
-    assert time.perf_counter() - t < 10.0  # ~1 s on a free core
+    assert time.process_time() - t < 10.0  # ~1 s
 
 
 def test_federated_layout_and_macro():

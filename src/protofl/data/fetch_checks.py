@@ -73,12 +73,14 @@ def matek19(root: Path) -> None:
 
 
 def _weights(path: Path, keys: tuple[str, ...], what: str) -> None:
-    from protofl.models.pretrained import read_state_dict
+    import torch
 
     try:
-        sd = read_state_dict(path)
-    except ProtoflError as e:
-        raise ProtoflError(str(e).removeprefix("model.pretrained: ")) from None
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the download's problem
+        raise ProtoflError(f"{path.name} is not a readable state_dict ({e})") from None
+    if not isinstance(sd, dict):
+        raise ProtoflError(f"{path.name} does not hold a state_dict")
     missing = [k for k in keys if k not in sd]
     if missing:
         raise ProtoflError(f"{path.name} is not a {what} state_dict (no {missing[0]!r})")
