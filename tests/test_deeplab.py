@@ -12,9 +12,11 @@ from torch.func import functional_call, grad, stack_module_state, vmap
 from protofl.config import ModelConfig
 from protofl.errors import ProtoflError
 from protofl.models.deeplab import DeepLabV3Plus, deeplabv3plus, divisible
+from protofl.models.norms import FrozenBatchNorm2d, group_norm_from_bn
 from protofl.models.registry import build_model
 
 # MobileNetV2's published stage table (t, c, n, s), written out again here
+NORM_KINDS = {torch.nn.GroupNorm, torch.nn.BatchNorm2d, FrozenBatchNorm2d}
 TABLE = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
          (6, 160, 3, 2), (6, 320, 1, 1)]
 
@@ -63,7 +65,7 @@ def torchvision_mobilenet_v2_state(width: float = 1.0, seed: int = 0) -> dict:
     return sd
 
 
-@pytest.mark.parametrize("norm", ["group", "batch"])
+@pytest.mark.parametrize("norm", ["group", "batch", "frozen"])
 @pytest.mark.parametrize("stride", [8, 16])
 def test_shapes(norm, stride):
     m = DeepLabV3Plus((3, 48, 64), 5, width=0.35, output_stride=stride, channels=32,
@@ -76,10 +78,12 @@ def test_shapes(norm, stride):
     assert (z >= 0).all()  # post-ReLU decoder features
     _, high = m.encoder(x)
     assert high.shape[-2:] == (48 // stride, 64 // stride)
-    kinds = {type(mod) for mod in m.modules()}
-    want = torch.nn.GroupNorm if norm == "group" else torch.nn.BatchNorm2d
-    other = torch.nn.BatchNorm2d if norm == "group" else torch.nn.GroupNorm
-    assert want in kinds and other not in kinds
+    enc = {type(mod) for mod in m.encoder.modules()}
+    rest = {type(mod) for name, mod in m.named_modules() if not name.startswith("encoder")}
+    want = {"group": torch.nn.GroupNorm, "batch": torch.nn.BatchNorm2d,
+            "frozen": FrozenBatchNorm2d}[norm]
+    assert want in enc and len(enc & NORM_KINDS) == 1
+    assert rest & NORM_KINDS == {torch.nn.GroupNorm if norm != "batch" else want}
     assert not any(isinstance(mod, torch.nn.modules.dropout._DropoutNd) for mod in m.modules())
 
 
@@ -92,12 +96,19 @@ def test_width_multiplier_and_encoder_size():
     assert full.encoder.low_channels == 24 and full.encoder.high_channels == 320
 
 
-def test_vmap_over_two_parameter_sets_equals_two_forwards():
+@pytest.mark.parametrize("norm", ["group", "frozen"])
+def test_vmap_over_two_parameter_sets_equals_two_forwards(norm):
     """Forwards and per-pixel cross-entropy gradients (void ignored) of two parameter sets
-    under one vmap equal those of two separate models (float64)."""
+    under one vmap equal those of two separate models (float64); frozen BatchNorm's
+    statistics are buffers vmapped with the parameters."""
     torch.manual_seed(0)
-    models = [DeepLabV3Plus((3, 32, 32), 4, width=0.35, channels=16).double()
+    models = [DeepLabV3Plus((3, 32, 32), 4, width=0.35, channels=16, norm=norm).double()
               for _ in range(2)]
+    for m in models:
+        for mod in m.modules():
+            if isinstance(mod, FrozenBatchNorm2d):  # statistics that differ per model
+                mod.running_mean.normal_()
+                mod.running_var.uniform_(0.5, 2.0)
     params, buffers = stack_module_state(models)
     base = copy.deepcopy(models[0]).to("meta")
     x = torch.randn(2, 3, 3, 32, 32, dtype=torch.float64)
@@ -133,7 +144,9 @@ def test_load_torchvision_weights(tmp_path):
                 "features.17.conv.3.running_var"):
         assert torch.equal(enc[key], sd[key])
     g = deeplabv3plus((3, 32, 32), 5, ModelConfig(pretrained=str(path)), width=0.5, channels=16)
-    assert torch.equal(g.encoder.features[4].conv[3].weight, sd["features.4.conv.3.weight"])
+    assert torch.equal(g.encoder.features[4].conv[2].weight, sd["features.4.conv.2.weight"])
+    gn = g.encoder.features[4].conv[3]  # BatchNorm carried into GroupNorm (tested below)
+    assert not torch.equal(gn.weight, sd["features.4.conv.3.weight"])
     grey = deeplabv3plus((1, 32, 32), 5, ModelConfig(pretrained=str(path)), width=0.5,
                          channels=16)
     assert torch.allclose(grey.encoder.features[0][0].weight,
@@ -165,3 +178,66 @@ def test_registry_and_bad_options():
             DeepLabV3Plus((3, 32, 32), 9, **kwargs)
     with pytest.raises(ProtoflError, match=r"\(C, H, W\)"):
         DeepLabV3Plus((60,), 9)
+
+
+def test_frozen_batchnorm_keeps_the_running_statistics(tmp_path):
+    """The loaded statistics are used as they are: the stem's output is computed by hand
+    (conv, (x - mean) / sqrt(var + eps) * w + b, ReLU6) for BatchNorm in eval mode and for
+    frozen BatchNorm in either mode; the whole encoders of both agree, and neither a
+    training-mode forward nor a gradient step moves frozen statistics."""
+    sd = torchvision_mobilenet_v2_state(width=0.35, seed=3)
+    path = tmp_path / "mnv2.pth"
+    torch.save(sd, path)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    conv = F.conv2d(x, sd["features.0.0.weight"].double(), stride=2, padding=1)
+    mean, var, w, b = (sd[f"features.0.1.{k}"].double()[None, :, None, None]
+                       for k in ("running_mean", "running_var", "weight", "bias"))
+    hand = ((conv - mean) / torch.sqrt(var + 1e-5) * w + b).clamp(0, 6)
+    models = {}
+    for norm in ("batch", "frozen"):
+        m = deeplabv3plus((3, 32, 32), 4, ModelConfig(norm=norm, pretrained=str(path)),
+                          width=0.35, channels=16).double().eval()
+        assert torch.allclose(m.encoder.features[0](x), hand, atol=1e-10), norm
+        models[norm] = m
+    frozen = models["frozen"]
+    low_b, high_b = models["batch"].encoder(x)
+    frozen.train()
+    low_f, high_f = frozen.encoder(x)
+    assert torch.allclose(low_b, low_f, atol=1e-8) and torch.allclose(high_b, high_f, atol=1e-8)
+    before = {k: v.clone() for k, v in frozen.named_buffers()}
+    opt = torch.optim.SGD(frozen.parameters(), lr=0.1)
+    frozen(x)[1].square().mean().backward()
+    opt.step()
+    assert all(torch.equal(v, before[k]) for k, v in frozen.named_buffers())
+    assert frozen.encoder.features[0][1].weight.grad is not None  # the affine trains
+    from protofl.engine.vectorized import vectorize_reason
+
+    assert vectorize_reason(frozen) is None and vectorize_reason(models["batch"]) is not None
+    from protofl.models.registry import check_model_config
+
+    with pytest.raises(ProtoflError, match="frozen.*needs model.pretrained"):
+        check_model_config(ModelConfig(name="deeplabv3plus", norm="frozen"))
+
+
+def test_group_norm_from_batchnorm_is_exact_at_the_population_statistics():
+    """On inputs whose per-sample group mean and variance are the ones the BatchNorm
+    statistics imply (built by standardising each sample's group, then scaling), the
+    converted GroupNorm equals the eval-mode BatchNorm; elsewhere it is an approximation."""
+    g = torch.Generator().manual_seed(0)
+    c, groups = 8, 2
+    mu = torch.randn(c, generator=g, dtype=torch.float64)
+    var = torch.rand(c, generator=g, dtype=torch.float64) + 0.5
+    w = torch.rand(c, generator=g, dtype=torch.float64) + 0.5
+    b = torch.randn(c, generator=g, dtype=torch.float64)
+    gn = torch.nn.GroupNorm(groups, c).double()
+    group_norm_from_bn(gn, w, b, mu, var)
+    # population group statistics worked out here from the channels' mean and variance
+    m_g = torch.stack([mu[:4].mean(), mu[4:].mean()])
+    v_g = torch.stack([(var[:4] + mu[:4] ** 2).mean(), (var[4:] + mu[4:] ** 2).mean()]) - m_g ** 2
+    z = torch.randn(3, groups, 4 * 5 * 5, generator=g, dtype=torch.float64)
+    z = (z - z.mean(-1, keepdim=True)) / z.std(-1, unbiased=False, keepdim=True)
+    x = (m_g[None, :, None] + v_g.sqrt()[None, :, None] * z).reshape(3, c, 5, 5)
+    bn = F.batch_norm(x, mu, var, w, b, training=False, eps=1e-5)
+    assert torch.allclose(gn(x), bn, atol=1e-10)
+    assert not torch.allclose(gn(2 * x), F.batch_norm(2 * x, mu, var, w, b, eps=1e-5),
+                              atol=1e-2)

@@ -26,6 +26,7 @@ from protofl.data import fetch as F
 from protofl.data.registry import DATASETS, load_dataset
 from protofl.data.sources import SOURCES, DataSource, FileSource
 from protofl.errors import ProtoflError
+from protofl.models.registry import MODELS
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -320,14 +321,16 @@ def test_source_table_is_well_formed():
     import importlib
 
     for name, s in SOURCES.items():
-        assert s.name == name and s.dataset in DATASETS, name
+        assert s.name == name and (s.dataset in DATASETS) != bool(s.model), name
         assert s.manual or s.files or s.dataverse, name
         assert not (s.manual and s.files), name
         for f in s.files:
             assert f.checksum is not None, f.name  # every downloaded file is verified
             algorithm, digest = f.checksum
-            n = 32 if algorithm == "md5" else 64
+            n = 32 if algorithm == "md5" else 8 if f.sha256_prefix else 64
             assert re.fullmatch(f"[0-9a-f]{{{n}}}", digest)
+            if f.sha256_prefix:  # torch.hub's naming: the prefix is in the file name
+                assert f.name.endswith(f"-{digest}.pth") and s.model in MODELS
             assert f.checksum_from
             for url in f.urls:
                 u = urlparse(url)
@@ -475,3 +478,70 @@ def test_tinyimagenet_fetch_root_loads(server, monkeypatch, tmp_path):
     fed = load_dataset(DataConfig(name="tinyimagenet", root=str(root), num_clients=2,
                                   alpha=1.0, image_size=16))
     assert fed.num_classes == 3 and len(fed.y_test) == 6
+
+
+# ---------------------------------------------------------------- pretrained weights
+def serve_weights(monkeypatch, server, name: str, blob: bytes, prefix: str | None = None):
+    """Source ``name`` (the real table entry) served locally, with the SHA-256 prefix of
+    ``blob`` (or ``prefix``)."""
+    fs = SOURCES[name].files[0]
+    server.files[f"/{fs.name}"] = blob
+    digest = prefix or hashlib.sha256(blob).hexdigest()[:8]
+    monkeypatch.setitem(SOURCES, name, replace(SOURCES[name], files=(
+        replace(fs, urls=(f"{server.url}/{fs.name}",), sha256_prefix=digest),)))
+    return fs
+
+
+def saved(sd: dict) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    return buf.getvalue()
+
+
+def test_mobilenet_v2_weights_fetch_and_load(server, monkeypatch, tmp_path, capsys):
+    """The fetched file is the path printed for model.pretrained; a cut download resumes;
+    DeepLab's encoder loads it with its BatchNorm statistics."""
+    import torch
+    from test_deeplab import torchvision_mobilenet_v2_state
+
+    from protofl.config import ModelConfig
+    from protofl.models.deeplab import deeplabv3plus
+
+    sd = torchvision_mobilenet_v2_state(width=0.35)
+    fs = serve_weights(monkeypatch, server, "mobilenet_v2", saved(sd))
+    server.cuts[f"/{fs.name}"] = 1
+    assert main(["data", "fetch", "mobilenet_v2", "--root", str(tmp_path), "-q"]) == 0
+    out = capsys.readouterr().out
+    path = re.search(r"model.pretrained=(\S+)", out).group(1)
+    assert "model.name=deeplabv3plus" in out and path.endswith("mobilenet_v2-b0353104.pth")
+    assert [r for _, r in server.log] == [None, f"bytes={len(saved(sd)) // 2}-"]
+    m = deeplabv3plus((3, 32, 32), 4, ModelConfig(norm="frozen", pretrained=path),
+                      width=0.35, channels=16)
+    assert torch.equal(m.encoder.features[5].conv[1][1].running_var,
+                       sd["features.5.conv.1.1.running_var"])
+    assert F.fetch("mobilenet_v2", tmp_path, progress=False) == Path(path)  # idempotent
+    assert re.search(r"^mobilenet_v2\s+-\s.*\[fetched\]", "\n".join(
+        F.list_sources(tmp_path)), re.M)
+
+
+def test_weights_checksum_mismatch_and_wrong_file_are_refused(server, monkeypatch, tmp_path):
+    import torch
+    from test_resnet import torchvision_resnet18_state
+
+    good = saved(torchvision_resnet18_state(num_classes=3))
+    serve_weights(monkeypatch, server, "resnet18", good, prefix="f37072fd")
+    with pytest.raises(ProtoflError, match="SHA256 checksum mismatch: expected f37072fd... "
+                                           r"\(a published prefix\), got"):
+        F.fetch("resnet18", tmp_path, progress=False)
+    nothing_complete(tmp_path, "resnet18")
+    not_resnet = saved({"conv1.weight": torch.zeros(1)})
+    serve_weights(monkeypatch, server, "resnet18", not_resnet)
+    with pytest.raises(ProtoflError, match="the fetched files are not in the layout the "
+                                           "resnet18 loader reads: .*not a torchvision ResNet"):
+        F.fetch("resnet18", tmp_path, progress=False)
+    assert not (tmp_path / "resnet18").exists()  # verified download kept, nothing complete
+    serve_weights(monkeypatch, server, "resnet18", good)
+    path = F.fetch("resnet18", tmp_path, progress=False)
+    assert path.name == "resnet18-f37072fd.pth" and F.is_complete(path.parent)

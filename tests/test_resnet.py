@@ -94,8 +94,17 @@ def test_pretrained_groupnorm_small_stem_and_grey(tmp_path):
     torch.save({"state_dict": {f"module.{k}": v for k, v in sd.items()}}, path)
     small = resnet18((3, 28, 28), 5, ModelConfig(norm="group", pretrained=str(path)))
     assert small.stem[0].weight.shape == (64, 3, 3, 3)  # 7x7 kernel not loaded
-    assert torch.equal(small.stem[1].weight, sd["bn1.weight"])  # GN affine from BN
-    assert torch.equal(small.layer1[0].norm2.bias, sd["layer1.0.bn2.bias"])
+    fresh = torch.nn.GroupNorm(32, 64)
+    assert torch.equal(small.stem[1].weight, fresh.weight)  # nor the statistics after it
+    # GroupNorm's affine from BatchNorm's (protofl.models.norms.group_norm_from_bn), by hand
+    mu, var = sd["layer1.0.bn2.running_mean"].double(), sd["layer1.0.bn2.running_var"].double()
+    w, b = sd["layer1.0.bn2.weight"].double(), sd["layer1.0.bn2.bias"].double()
+    m_g = mu.reshape(32, 2).mean(1).repeat_interleave(2)
+    v_g = (var + mu ** 2).reshape(32, 2).mean(1).repeat_interleave(2) - m_g ** 2
+    s = torch.sqrt(var + 1e-5)
+    gn = small.layer1[0].norm2
+    assert torch.allclose(gn.weight.double(), w * torch.sqrt(v_g + 1e-5) / s, atol=1e-6)
+    assert torch.allclose(gn.bias.double(), b + w * (m_g - mu) / s, atol=1e-6)
     grey = resnet18((1, 64, 64), 5, ModelConfig(norm="group", pretrained=str(path)))
     assert torch.allclose(grey.stem[0].weight, sd["conv1.weight"].sum(1, keepdim=True))
 
@@ -117,3 +126,29 @@ def test_pretrained_errors(tmp_path):
     torch.save(sd, tmp_path / "shape.pth")
     with pytest.raises(ProtoflError, match="shape"):
         resnet18((3, 64, 64), 5, ModelConfig(pretrained=str(tmp_path / "shape.pth")))
+
+
+def test_pretrained_frozen_batchnorm(tmp_path):
+    """norm = frozen: the statistics are kept and used in training mode too; the model equals
+    the BatchNorm one in eval mode; the small stem (not pretrained) uses GroupNorm."""
+    from protofl.models.norms import FrozenBatchNorm2d
+
+    sd = torchvision_resnet18_state(seed=2)
+    path = tmp_path / "r18.pth"
+    torch.save(sd, path)
+    frozen = resnet18((3, 64, 64), 5, ModelConfig(norm="frozen", pretrained=str(path))).double()
+    batch = resnet18((3, 64, 64), 5, ModelConfig(norm="batch", pretrained=str(path))).double()
+    batch.classifier.load_state_dict(frozen.classifier.state_dict())
+    assert torch.equal(frozen.layer4[0].shortcut[1].running_var.float(),
+                       sd["layer4.0.downsample.1.running_var"])
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    frozen.train()
+    z, _ = frozen(x)
+    assert torch.allclose(z, batch.eval()(x)[0], atol=1e-8)
+    small = resnet18((3, 28, 28), 5, ModelConfig(norm="frozen", pretrained=str(path)))
+    assert isinstance(small.stem[1], torch.nn.GroupNorm)
+    assert isinstance(small.layer1[0].norm1, FrozenBatchNorm2d)
+    from protofl.models.registry import check_model_config
+
+    with pytest.raises(ProtoflError, match="needs model.pretrained"):
+        check_model_config(ModelConfig(name="resnet18", norm="frozen"))

@@ -286,11 +286,11 @@ def cmd_data_list(args) -> int:
 
 
 def cmd_data_fetch(args) -> int:
-    from protofl.data.fetch import fetch, source
+    from protofl.data.fetch import fetch, usage
 
     root = fetch(args.name, args.root, progress=not args.quiet)
     print(f"{args.name}: ready in {root}")
-    print(f"use: --set data.name={source(args.name).dataset} --set data.root={root}")
+    print(usage(args.name, root))
     return 0
 
 

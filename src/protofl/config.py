@@ -193,7 +193,8 @@ class DataConfig:
 class ModelConfig:
     name: str = option("auto", "model (auto: the dataset's paper model; see docs)")
     norm: str = option("group", "ResNet-18 and DeepLab normalisation (BatchNorm trains "
-                                "sequentially)", choices=("group", "batch"))
+                                "sequentially; frozen: the pretrained BatchNorm statistics "
+                                "frozen)", choices=("group", "batch", "frozen"))
     pretrained: str | None = option(None, "a local ImageNet state_dict for ResNet-18 (or "
                                           "torchvision's mobilenet_v2 for DeepLab's encoder)",
                                     path=True)

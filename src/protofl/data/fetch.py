@@ -66,7 +66,7 @@ def list_sources(root: str | Path | None = None) -> list[str]:
     lines = [f"{'name':15s} {'data.name':9s} {'size':36s} description"]
     for s in SOURCES.values():
         state = " [fetched]" if is_complete(root / s.name) else ""
-        lines.append(f"{s.name:15s} {s.dataset:9s} {s.size_note:36s} {s.description}{state}")
+        lines.append(f"{s.name:15s} {s.dataset or '-':9s} {s.size_note:36s} {s.description}{state}")
         lines.append(f"{'':15s} checksums: {s.checksum_note}")
     return lines
 
@@ -208,8 +208,10 @@ def _mismatch(path: Path, fs: FileSource) -> str | None:
         return None
     algorithm, want = fs.checksum
     got = file_digest(path, algorithm)
-    return None if got == want.lower() else (
-        f"{algorithm.upper()} checksum mismatch: expected {want}, got {got}")
+    ok = got.startswith(want.lower()) if fs.sha256_prefix else got == want.lower()
+    return None if ok else (
+        f"{algorithm.upper()} checksum mismatch: expected {want}"
+        f"{'... (a published prefix)' if fs.sha256_prefix else ''}, got {got}")
 
 
 # ---------------------------------------------------------------- unpacking
@@ -410,7 +412,7 @@ def _finish(src: DataSource, folder: Path, progress: bool,
             _call(src.check, folder / src.root)
         except ProtoflError as e:
             raise ProtoflError(f"{src.name}: the fetched files are not in the layout the "
-                               f"{src.dataset} loader reads: {e}") from None
+                               f"{src.dataset or src.model} loader reads: {e}") from None
     marker = {"source": src.name, "data.name": src.dataset, "data.root": src.root or ".",
               "fetched": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "files": [{"name": f.name, "url": f.urls[0], "checksum": list(f.checksum or ()),
@@ -428,3 +430,13 @@ def _manual(src: DataSource, folder: Path, progress: bool) -> Path:
     except ProtoflError as e:
         raise ProtoflError(f"{line} ({e})") from None
     return folder / src.root
+
+
+def usage(name: str, path: Path) -> str:
+    """The ``use:`` line ``data fetch`` prints: the config keys that read the fetched
+    ``path`` (a dataset's data.root, or a weights file's model.pretrained)."""
+    src = source(name)
+    if src.model:
+        return (f"use: --set model.name={src.model} --set model.pretrained={path} (with "
+                "model.norm=frozen or batch to keep its BatchNorm statistics)")
+    return f"use: --set data.name={src.dataset} --set data.root={path}"

@@ -70,3 +70,27 @@ def matek19(root: Path) -> None:
     missing = [c for c in MATEK_CLASSES if not (base / c).is_dir()]
     if len(missing) == len(MATEK_CLASSES):
         raise ProtoflError(f"Matek-19: no class folder ({', '.join(MATEK_CLASSES)}) in {base}")
+
+
+def _weights(path: Path, keys: tuple[str, ...], what: str) -> None:
+    import torch
+
+    try:
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the download's problem
+        raise ProtoflError(f"{path.name} is not a readable state_dict ({e})") from None
+    if not isinstance(sd, dict):
+        raise ProtoflError(f"{path.name} does not hold a state_dict")
+    missing = [k for k in keys if k not in sd]
+    if missing:
+        raise ProtoflError(f"{path.name} is not a {what} state_dict (no {missing[0]!r})")
+
+
+def mobilenet_v2_weights(path: Path) -> None:
+    _weights(path, ("features.0.0.weight", "features.17.conv.3.running_var",
+                    "classifier.1.weight"), "torchvision mobilenet_v2")
+
+
+def resnet18_weights(path: Path) -> None:
+    _weights(path, ("conv1.weight", "layer4.1.bn2.running_var", "fc.weight"),
+             "torchvision ResNet-18")

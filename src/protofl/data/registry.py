@@ -85,7 +85,8 @@ DATASETS: dict[str, DatasetSpec] = {
                                  "seed's 5 macro classes (segmentation)", task="segmentation",
                                  partition="dirichlet_powerlaw", augment="crop_flip"),
     "shapes": DatasetSpec("protofl.data.shapes:shapes_federation", "deeplabv3plus",
-                          "generated textured shapes on clutter, 9 classes, 20 clients "
+                          "generated textured shapes on clutter, 9 classes (a macro group's "
+                          "two share colours and textures), 20 clients "
                           "(segmentation, no download)", needs_files=False,
                           task="segmentation", partition="dirichlet_powerlaw",
                           augment="crop_flip", model_options=SHAPES_MODEL),
@@ -94,6 +95,16 @@ DATASETS: dict[str, DatasetSpec] = {
                                 "no download)", needs_files=False, task="segmentation",
                                 partition="dirichlet_powerlaw", augment="crop_flip",
                                 model_options=SHAPES_MODEL),
+    "shapes_v1": DatasetSpec("protofl.data.shapes:shapes_v1_federation", "deeplabv3plus",
+                             "the first generator's shapes (a hue and texture per class; "
+                             "segmentation, no download)", needs_files=False,
+                             task="segmentation", partition="dirichlet_powerlaw",
+                             augment="crop_flip", model_options=SHAPES_MODEL),
+    "shapes_macro_v1": DatasetSpec("protofl.data.shapes:shapes_macro_v1_federation",
+                                   "deeplabv3plus", "the first generator's shapes, 5 macro "
+                                   "classes (segmentation, no download)", needs_files=False,
+                                   task="segmentation", partition="dirichlet_powerlaw",
+                                   augment="crop_flip", model_options=SHAPES_MODEL),
     # the image benchmarks of FedProto / FedTGP (protofl.data.cifar, .tinyimagenet)
     "cifar10": DatasetSpec("protofl.data.cifar:cifar10_federation", "resnet18",
                            "CIFAR-10 python batches, 32x32 RGB, 10 classes, 20 clients",

@@ -22,6 +22,7 @@ class FileSource:
     urls: tuple[str, ...]
     md5: str | None = None
     sha256: str | None = None
+    sha256_prefix: str | None = None  # the leading hex digits only (torch.hub's file names)
     size: int | None = None  # bytes, when published (free-space check, progress)
     unpack: bool = False  # a zip or tar archive, unpacked into ``dest``
     dest: str = ""  # folder inside the dataset folder for the file or its contents
@@ -32,6 +33,8 @@ class FileSource:
         """(hashlib algorithm, hex digest) or None."""
         if self.sha256:
             return "sha256", self.sha256
+        if self.sha256_prefix:
+            return "sha256", self.sha256_prefix
         if self.md5:
             return "md5", self.md5
         return None
@@ -53,6 +56,7 @@ class DataSource:
     # (server, doi, ((file name or stem, unpack, dest), ...)) resolved when fetching
     prepare: str | None = None  # "module:function(folder)" run on the unpacked folder
     check: str | None = None  # "module:function(root)" that checks the loader's layout
+    model: str | None = None  # weights, not data: the model whose model.pretrained it is
 
     @property
     def checksum_note(self) -> str:
@@ -193,8 +197,28 @@ def _mb(n: int) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
+# torchvision's ImageNet weights (IMAGENET1K_V1): the URLs its model builders publish; the
+# 8 hex digits in each file name are the start of the file's SHA-256, what torch.hub checks
+TORCHVISION_MODELS = "https://download.pytorch.org/models/"
+TORCHVISION_FROM = ("torchvision's published weights URL; the SHA-256 prefix in its file name "
+                    "(what torch.hub checks)")
+_WEIGHTS = (  # (source, file, SHA-256 prefix, size note, model, what)
+    ("mobilenet_v2", "mobilenet_v2-b0353104.pth", "b0353104", "14 MB", "deeplabv3plus",
+     "MobileNetV2 (width 1.0), the encoder of deeplabv3plus"),
+    ("resnet18", "resnet18-f37072fd.pth", "f37072fd", "45 MB", "resnet18", "ResNet-18"))
+
+
+def _weights(name: str, file: str, prefix: str, size: str, model: str, what: str
+             ) -> DataSource:
+    f = FileSource(file, (TORCHVISION_MODELS + file,), sha256_prefix=prefix,
+                   checksum_from=TORCHVISION_FROM)
+    return DataSource(name, "", f"ImageNet weights of {what} (torchvision's state_dict; use "
+                      "as model.pretrained)", (f,), size, root=file,
+                      check=f"protofl.data.fetch_checks:{name}_weights", model=model)
+
+
 SOURCES: dict[str, DataSource] = {s.name: s for s in (
-    _mnist(), _voc(),
+    _mnist(), _voc(), *(_weights(*w) for w in _WEIGHTS),
     *(_medmnist(b, px) for b in ("dermamnist", "bloodmnist") for px in (28, 64, 128, 224)),
     _ham10000(), _femnist(), _celeba(), _matek(),
     _cifar("cifar10", "cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a", 170498071,

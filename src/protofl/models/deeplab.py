@@ -11,8 +11,10 @@ ProtoNet for semantic segmentation. Written here; no torchvision.
 - ``head(z)``: a 1x1 classifier, then bilinear upsampling to the input size.
 
 GroupNorm by default (no running statistics, so ``torch.func.vmap`` over clients applies);
-BatchNorm as an option. No Dropout. ``load_pretrained`` maps a torchvision-style
-``mobilenet_v2`` state_dict onto the encoder (its module names follow the same layout).
+BatchNorm, or the pretrained encoder's BatchNorm frozen (``norm = "frozen"``, see
+``protofl.models.norms``), as options. No Dropout. ``load_pretrained`` maps a
+torchvision-style ``mobilenet_v2`` state_dict onto the encoder (its module names follow the
+same layout).
 """
 
 from __future__ import annotations
@@ -26,9 +28,13 @@ from torch import nn
 
 from protofl.errors import ProtoflError
 from protofl.models.nets import ProtoNet
-from protofl.models.pretrained import read_state_dict, source_tensor
+from protofl.models.norms import NORMS, FrozenBatchNorm2d
+from protofl.models.pretrained import (
+    convert_group_norms,
+    read_state_dict,
+    source_tensor,
+)
 
-NORMS = ("group", "batch")
 OUTPUT_STRIDES = (8, 16)
 # the defaults of width multiplier, output stride and ASPP/decoder channels (model.width,
 # model.output_stride, model.seg_channels)
@@ -48,11 +54,13 @@ def divisible(v: float, by: int = 8) -> int:
 
 
 def norm_layer(kind: str, channels: int) -> nn.Module:
-    """BatchNorm, or GroupNorm with ``gcd(32, channels)`` groups, halved until each group
-    holds at least 4 channels (one channel per group would be instance norm, which wipes
-    out each image's per-channel level, colour included)."""
+    """BatchNorm, frozen BatchNorm, or GroupNorm with ``gcd(32, channels)`` groups, halved
+    until each group holds at least 4 channels (one channel per group would be instance norm,
+    which wipes out each image's per-channel level, colour included)."""
     if kind == "batch":
         return nn.BatchNorm2d(channels)
+    if kind == "frozen":
+        return FrozenBatchNorm2d(channels)
     groups = math.gcd(32, channels)
     while groups > 1 and channels // groups < 4:
         groups //= 2
@@ -166,12 +174,13 @@ class DeepLabV3Plus(ProtoNet):
                                "of 8, >= 8")
         self.input_size = (int(in_shape[1]), int(in_shape[2]))
         self.encoder = MobileNetV2Encoder(in_shape[0], width, output_stride, norm)
+        head = "group" if norm == "frozen" else norm  # no pretrained statistics there
         self.aspp = ASPP(self.encoder.high_channels, channels,
-                         tuple(rates or RATES[output_stride]), norm)
+                         tuple(rates or RATES[output_stride]), head)
         skip = skip_channels or divisible(48 * channels / 256)
-        self.reduce = ConvNormAct(self.encoder.low_channels, skip, 1, norm, act=nn.ReLU)
-        self.fuse = nn.Sequential(ConvNormAct(channels + skip, channels, 3, norm, act=nn.ReLU),
-                                  ConvNormAct(channels, channels, 3, norm, act=nn.ReLU))
+        self.reduce = ConvNormAct(self.encoder.low_channels, skip, 1, head, act=nn.ReLU)
+        self.fuse = nn.Sequential(ConvNormAct(channels + skip, channels, 3, head, act=nn.ReLU),
+                                  ConvNormAct(channels, channels, 3, head, act=nn.ReLU))
         self.classifier = nn.Conv2d(channels, num_classes, 1)
         self.feature_dim = channels
 
@@ -190,8 +199,10 @@ def load_pretrained(model: DeepLabV3Plus, path: str | Path) -> int:
     """Copy a torchvision-style ``mobilenet_v2`` state_dict (``features.N....``) into the
     encoder; returns the number of tensors loaded.
 
-    ``features.18`` and ``classifier`` of the source are unused. With GroupNorm the BatchNorm
-    affine weights are used and running statistics ignored. A 3-channel stem kernel is summed
+    ``features.18`` and ``classifier`` of the source are unused. BatchNorm and frozen
+    BatchNorm take the weights and running statistics as they are; GroupNorm takes the
+    affine of ``protofl.models.norms.group_norm_from_bn`` (the running statistics carried
+    into it). A 3-channel stem kernel is summed
     over its input channels for 1-channel inputs. A missing key or a shape mismatch (e.g. a
     different width multiplier) is an error naming the key.
     """
@@ -209,6 +220,7 @@ def load_pretrained(model: DeepLabV3Plus, path: str | Path) -> int:
                                f"model needs {tuple(value.shape)} (another width multiplier?)")
         loaded[name] = w.to(value.dtype)
     model.encoder.load_state_dict(loaded, strict=False)
+    convert_group_norms(model.encoder, source, lambda name: name)
     return len(loaded)
 
 

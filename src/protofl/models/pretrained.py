@@ -3,12 +3,18 @@ checks every encoder that loads one shares."""
 
 from __future__ import annotations
 
+import logging
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from protofl.errors import ProtoflError
+from protofl.models.norms import group_norm_from_bn
+
+log = logging.getLogger("protofl")
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -46,3 +52,34 @@ def source_tensor(source: dict, key: str, path: str | Path, what: str) -> torch.
     if not isinstance(w, torch.Tensor):
         raise ProtoflError(f"model.pretrained: {key!r} in {path} is not a tensor")
     return w
+
+
+def check_norm(cfg) -> None:
+    """``model.norm = frozen`` takes its statistics from ``model.pretrained``: an error
+    without one."""
+    if getattr(cfg, "norm", None) == "frozen" and not getattr(cfg, "pretrained", None):
+        raise ProtoflError("config: model.norm = frozen freezes the pretrained BatchNorm "
+                           "statistics, so it needs model.pretrained (a state_dict file)")
+
+
+def convert_group_norms(module: nn.Module, source: dict, key_of: Callable[[str], str | None]
+                        ) -> int:
+    """Every GroupNorm of ``module`` whose BatchNorm counterpart in ``source`` (module name
+    ``key_of(name)``) has running statistics gets the affine of
+    :func:`protofl.models.norms.group_norm_from_bn`; returns how many."""
+    done = 0
+    for name, m in module.named_modules():
+        key = key_of(name) if isinstance(m, nn.GroupNorm) else None
+        if key is None or f"{key}.running_var" not in source:
+            continue
+        w, b, mean, var = (source[f"{key}.{t}"] for t in
+                           ("weight", "bias", "running_mean", "running_var"))
+        if mean.numel() != m.num_channels:
+            continue  # the shape check of the weights names the key
+        group_norm_from_bn(m, w, b, mean, var)
+        done += 1
+    if done:
+        log.warning("model.pretrained: %d BatchNorm layers carried into GroupNorm, which keeps "
+                    "the pretrained features only in part (docs/datasets.md); model.norm = "
+                    "frozen keeps them exactly", done)
+    return done

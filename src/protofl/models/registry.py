@@ -8,6 +8,7 @@ from protofl.config import ModelConfig
 from protofl.errors import ProtoflError
 from protofl.models.deeplab import DEFAULTS
 from protofl.models.nets import ProtoNet
+from protofl.models.pretrained import check_norm
 
 MODELS: dict[str, tuple[str, str]] = {
     "mlp": ("protofl.models.registry:_mlp", "60 -> 128 -> 256 -> C MLP (Synthetic)"),
@@ -31,12 +32,14 @@ DEEPLAB_KEYS = {"width": DEFAULTS["width"], "output_stride": DEFAULTS["output_st
 def check_model_config(cfg: ModelConfig) -> None:
     """One-line errors for a model section that does not fit its model ``cfg.name``: a DeepLab
     key set for another model, ``norm: batch`` or ``pretrained`` for a model without them,
-    or channels that are not a multiple of 8 (``engine/spec.py`` fills the null keys)."""
+    ``norm: frozen`` without ``pretrained``, or channels that are not a multiple of 8
+    (``engine/spec.py`` fills the null keys)."""
     name = cfg.name
     if name not in NORMALISED and (cfg.norm != "group" or cfg.pretrained is not None):
         key = "norm" if cfg.norm != "group" else "pretrained"
         raise ProtoflError(f"config: model.{key} applies to {' and '.join(NORMALISED)} only, "
                            f"not {name!r}")
+    check_norm(cfg)
     given = [k for k in DEEPLAB_KEYS if getattr(cfg, k) is not None]
     if name != "deeplabv3plus" and given:
         raise ProtoflError(f"config: model.{given[0]} applies to deeplabv3plus only, not "

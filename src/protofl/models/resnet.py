@@ -1,7 +1,8 @@
 """ResNet-18 (He et al. 2016) as a ProtoNet: ``encode`` gives the 512-d pooled feature.
 
 Written here (no torchvision). ``cfg.norm`` picks GroupNorm (default; federated training
-averages no running statistics) or BatchNorm. Inputs smaller than 64 px use a 3x3 stride-1
+averages no running statistics), BatchNorm, or the pretrained BatchNorm frozen (``frozen``:
+see ``protofl.models.norms``). Inputs smaller than 64 px use a 3x3 stride-1
 stem without max-pooling (the usual CIFAR-style stem); larger ones the 7x7 stride-2 stem and
 max-pool. ``cfg.pretrained`` loads a local torchvision-style ResNet-18 state_dict (.pth).
 """
@@ -16,17 +17,23 @@ from torch import nn
 from protofl.config import ModelConfig
 from protofl.errors import ProtoflError
 from protofl.models.nets import ProtoNet
-from protofl.models.pretrained import read_state_dict, source_tensor
+from protofl.models.norms import NORMS, FrozenBatchNorm2d
+from protofl.models.pretrained import (
+    convert_group_norms,
+    read_state_dict,
+    source_tensor,
+)
 
 log = logging.getLogger("protofl")
 
-NORMS = ("group", "batch")
 SMALL_INPUT = 64  # below this many pixels (shorter side) the small stem is used
 
 
 def norm_layer(kind: str, channels: int) -> nn.Module:
     if kind == "batch":
         return nn.BatchNorm2d(channels)
+    if kind == "frozen":
+        return FrozenBatchNorm2d(channels)
     return nn.GroupNorm(min(32, channels), channels)
 
 
@@ -66,9 +73,10 @@ class ResNet18(ProtoNet):
             raise ProtoflError(f"resnet18 needs image inputs (C, H, W), got shape {in_shape}")
         c_in, h, w = in_shape
         self.small = min(h, w) < SMALL_INPUT
-        if self.small:
+        if self.small:  # its conv is never pretrained: no statistics to freeze
             self.stem = nn.Sequential(nn.Conv2d(c_in, 64, 3, 1, 1, bias=False),
-                                      norm_layer(norm, 64), nn.ReLU())
+                                      norm_layer("group" if norm == "frozen" else norm, 64),
+                                      nn.ReLU())
         else:
             self.stem = nn.Sequential(nn.Conv2d(c_in, 64, 7, 2, 3, bias=False),
                                       norm_layer(norm, 64), nn.ReLU(),
@@ -112,10 +120,12 @@ def torchvision_key(name: str) -> str | None:
 def load_pretrained(model: ResNet18, path: str) -> None:
     """Copy ImageNet weights from a torchvision-style ResNet-18 state_dict into ``model``.
 
-    The fc layer is skipped (the head stays freshly initialised); with GroupNorm the BatchNorm
-    affine weights are used and running statistics ignored. A 3-channel stem kernel is summed
+    The fc layer is skipped (the head stays freshly initialised). BatchNorm and frozen
+    BatchNorm take the weights and running statistics as they are; GroupNorm takes the affine
+    of ``protofl.models.norms.group_norm_from_bn``. A 3-channel stem kernel is summed
     over its input channels for 1-channel inputs; the 7x7 stem kernel is not loaded into the
-    small 3x3 stem (a warning says so). Any other missing key or shape mismatch is an error.
+    small 3x3 stem (a warning says so; nor its norm's statistics). Any other missing key or
+    shape mismatch is an error.
     """
     source = read_state_dict(path)
     loaded = {}
@@ -124,6 +134,8 @@ def load_pretrained(model: ResNet18, path: str) -> None:
         w = None if key is None else source_tensor(source, key, path, "ResNet-18")
         if w is None:
             continue
+        if model.small and key.startswith("bn1."):
+            continue  # the statistics of a 7x7 stem do not fit the 3x3 one
         if key == "conv1.weight" and w.shape != value.shape:
             if model.small:
                 log.warning("model.pretrained: the 7x7 stem kernel does not fit the small "
@@ -136,6 +148,8 @@ def load_pretrained(model: ResNet18, path: str) -> None:
                                f"the model needs {tuple(value.shape)}")
         loaded[name] = w.to(value.dtype)
     model.load_state_dict(loaded, strict=False)
+    convert_group_norms(model, source, lambda name: None if model.small and name == "stem.1"
+                        else torchvision_key(f"{name}.weight").removesuffix(".weight"))
 
 
 def resnet18(in_shape: tuple[int, ...], num_classes: int, cfg: ModelConfig) -> ResNet18:
