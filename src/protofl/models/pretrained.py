@@ -25,10 +25,14 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         raise ProtoflError(f"model.pretrained: no file at {p}")
     try:
         source = torch.load(p, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:  # torch's advice to load with weights_only=False: no
-        raise ProtoflError(f"model.pretrained: {p} holds pickled objects besides tensors, "
-                           "which protofl does not load (loading them could run code); save "
-                           "the weights alone: torch.save(model.state_dict(), path)") from None
+    except pickle.UnpicklingError as e:
+        if "unsupported global" not in str(e).lower():  # no refused object: not a state_dict
+            raise ProtoflError(f"model.pretrained: {p} is not a readable state_dict "
+                               f"({str(e).strip().splitlines()[0]})") from None
+        raise ProtoflError(  # torch's advice to load with weights_only=False: no
+            f"model.pretrained: {p} holds pickled objects besides tensors, which protofl does "
+            "not load (loading them could run code); save the weights alone: "
+            "torch.save(model.state_dict(), path)") from None
     except Exception as e:  # noqa: BLE001 - any unreadable file is the user's input problem
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ProtoflError(f"model.pretrained: {p} is not a readable state_dict "
