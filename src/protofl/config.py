@@ -315,6 +315,9 @@ class Config:
                                        "million parameters, else half the usable cores); "
                                        "results are bit-identical only at a fixed count",
                                  ge=1)
+    deterministic: bool = option(False, "CUDA: deterministic kernels only "
+                                        "(torch.use_deterministic_algorithms), no TF32; "
+                                        "slower; no effect on the CPU")
     callbacks: list[str] = option([], "extra round callbacks, as `module:Class` import paths")
     tracking: list[str] = option([], "experiment trackers fed each evaluated round (needs a "
                                      "run folder)", choices=("tensorboard", "mlflow"))

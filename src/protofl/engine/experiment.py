@@ -72,6 +72,7 @@ class Experiment:
     def __init__(self, cfg: Config, *, trainer: Trainer | None = None,
                  callbacks: list[Callback] | None = None, data: FederatedData | None = None):
         self.device = devices.resolve(cfg.device)
+        devices.set_deterministic(cfg.deterministic)
         self.server = devices.server_device(self.device)  # the state and aggregation
         spec = dataset_spec(cfg.data.name)
         task = check_task(cfg)  # before anything is loaded
