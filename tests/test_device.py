@@ -259,6 +259,21 @@ def test_activation_bytes_counts_every_module_output():
     assert devices.activation_bytes(lambda: net(torch.ones(2, 3))) == 96
 
 
+def test_the_probe_runs_once_per_model_and_row_shape(monkeypatch):
+    monkeypatch.setattr(devices, "memory_info", lambda d: (1 << 30, 1 << 30))
+    net, calls = torch.nn.Linear(3, 4), []
+
+    def fwd(v):
+        calls.append(len(v))
+        return net(v)
+
+    for n in (5, 9, 1):
+        assert devices.forward_rows("cuda", torch.ones(n, 3), 100, fwd, net) == 100
+    devices.forward_rows("cuda", torch.ones(5, 3, dtype=torch.float64), 100,
+                         lambda v: fwd(v.float()), net)
+    assert calls == [2, 2]  # once for float32 rows, once for float64 rows
+
+
 def test_a_16_gb_gpu_at_224_px_takes_fewer_rows_than_an_h200(monkeypatch):
     model = build_model("resnet18", (3, 224, 224), 10).eval()
     params, buffers = base.split_state(model)

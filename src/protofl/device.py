@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -171,17 +172,28 @@ def activation_bytes(run: Callable[[], object]) -> int:
     return total
 
 
+_row_bytes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {shape: bytes}
+
+
 def forward_rows(device: torch.device | str, x: torch.Tensor, most: int,
-                 forward: Callable[[torch.Tensor], object]) -> int:
+                 forward: Callable[[torch.Tensor], object],
+                 model: torch.nn.Module | None = None) -> int:
     """Rows of ``x`` per pass of ``forward`` (a model's forward pass over rows of ``x``, free
     of side effects: eval mode) on ``device``: ``most`` where the device's free memory is not
     known (the CPU: nothing is run), else at most what ``free_memory`` holds by a probe of
-    two rows: their module outputs (``activation_bytes``) plus their own size as float32."""
+    two rows: their module outputs (``activation_bytes``) plus their own size as float32.
+    With ``model``, its probe is kept per row shape and dtype (weights change nothing)."""
     if len(x) == 0 or free_memory(device) is None:
         return most
-    probe = x[:2]
-    row = activation_bytes(lambda: forward(probe)) // len(probe) + 4 * probe[0].numel()
-    return rows_per_pass(device, row, most)
+    kind = torch.device(device).type
+    cast = kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind)
+    key = (tuple(x.shape[1:]), x.dtype, cast)
+    known = _row_bytes.setdefault(model, {}) if model is not None else {}
+    if key not in known:
+        probe = x[:2]
+        known[key] = (activation_bytes(lambda: forward(probe)) // len(probe)
+                      + 4 * probe[0].numel())
+    return rows_per_pass(device, known[key], most)
 
 
 CUBLAS_ENV, CUBLAS_DETERMINISTIC = "CUBLAS_WORKSPACE_CONFIG", ":4096:8"

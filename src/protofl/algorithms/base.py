@@ -120,7 +120,8 @@ def features(model: torch.nn.Module, params: Tensors, buffers: Tensors, x: torch
     the device's free memory holds fewer: ``device.forward_rows``)."""
     if len(x) == 0:
         return torch.empty(0, getattr(model, "feature_dim", 0))
-    batch = devices.forward_rows(x.device, x, batch, lambda v: forward(model, params, buffers, v))
+    batch = devices.forward_rows(x.device, x, batch, lambda v: forward(model, params, buffers, v),
+                                 model)
     return torch.cat([forward(model, params, buffers, x[i:i + batch])[0]
                       for i in range(0, len(x), batch)])
 

@@ -59,7 +59,7 @@ def predictor(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors
         return out if out.dtype in (torch.float32, torch.float64) else out.float()
 
     def predict(x: torch.Tensor) -> torch.Tensor:
-        step = devices.forward_rows(dev, x, len(x), one)
+        step = devices.forward_rows(dev, x, len(x), one, model)
         if step >= len(x):
             return one(x)
         return torch.cat([one(x[i:i + step]) for i in range(0, len(x), step)])
