@@ -34,6 +34,10 @@ LOG="$OUT/gpu.log"
 FIG="$OUT/figures.jsonl"
 START=$(date +%s)
 export PYTHONUNBUFFERED=1 PROTOFL_CACHE="${PROTOFL_CACHE:-/tmp/protofl-cache}"
+# Ray's raylet gives its Python agents ~30 s to start: too short for a first start on a busy
+# machine (seen here: the agent took 50 s at a load average of 22)
+export RAY_agent_register_timeout_ms=${RAY_agent_register_timeout_ms:-300000}
+export RAY_raylet_start_wait_time_s=${RAY_raylet_start_wait_time_s:-300}
 log() { echo "[gpu.sh $(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
 
 step() {  # step NAME SECONDS FILE CMD...: CMD under `timeout`, output appended to $OUT/FILE
@@ -67,6 +71,7 @@ if [ "$DRY" = 1 ]; then
   PYI="$VENV/bin/python"
   PY=${DRY_PYTHON:-python3}
   DEVICE=cpu
+  rm -rf "$SITE-machine"
   step machine-packages 120 install.txt "$PYI" -m pip install -q --no-index --no-deps \
     --no-compile --no-cache-dir --target "$SITE-machine" "$WHEELS"-machine/*.whl
   export PYTHONPATH="$SITE:$SITE-machine"
@@ -79,7 +84,7 @@ fi
 log "install with $PYI ($("$PYI" --version 2>&1)); run with $PY; device $DEVICE"
 
 # ---- install: the carried wheels, then protofl itself, all without deps or network ----
-rm -rf "$SITE"
+rm -rf "$SITE" "$SITE-build"
 step wheels 120 install.txt "$PYI" -m pip install -q --no-index --no-deps --no-compile \
   --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl
 # compiled now, in parallel: Ray's dashboard agent, compiling its modules on first import,

@@ -49,6 +49,7 @@ def protocol_workload(name: str):
     """The federation and model of ``mnist-protocol`` (configs/mnist.yaml's data: the real
     MNIST files where its ``data.root`` holds them, else generated ones of the same shape and
     counts) and ``deeplab`` (Shapes at 64 px, 4 clients)."""
+    import shutil
     import tempfile
 
     from protofl.config import ModelConfig, config_from_dict, load_raw
@@ -63,9 +64,16 @@ def protocol_workload(name: str):
         mc = ModelConfig(name="deeplabv3plus", width=0.5)
         return data, lambda: build_model("deeplabv3plus", data.input_shape, data.num_classes, mc)
     raw = load_raw(str(MNIST_CONFIG))
-    if not mnist_files_in(raw["data"]["root"]):
-        raw["data"]["root"] = tempfile.mkdtemp(prefix="protofl-mnist-")
-        write_mnist_like(raw["data"]["root"])
+    if not mnist_files_in(raw["data"]["root"]):  # generated once, shared by Ray's actors
+        root = Path(tempfile.gettempdir()) / "protofl-mnist-like"
+        if not mnist_files_in(root):
+            part = Path(tempfile.mkdtemp(prefix="protofl-mnist-like-", dir=root.parent))
+            write_mnist_like(part)
+            try:
+                part.rename(root)
+            except OSError:  # another process got there first
+                shutil.rmtree(part, ignore_errors=True)
+        raw["data"]["root"] = str(root)
     data = load_dataset(config_from_dict({"data": raw["data"]}).data)
     return data, lambda: leaf_cnn((1, 28, 28), 10)
 
