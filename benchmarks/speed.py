@@ -50,6 +50,13 @@ largest summed proportional set size (PSS: a page shared by n processes counts 1
 workers and Ray's processes are not counted twice) of that process and all its descendants,
 sampled every 50 ms. Reported figures are medians over the timed rounds.
 
+Workloads ``mnist-protocol`` (a round of the seed's MNIST protocol as FedAvg: configs/mnist.yaml's
+1,000 clients, 10 a round drawn per round, E = 20 local epochs of batch 10, LEAF CNN; the real
+MNIST files where the config's data.root holds them, else generated ones) and ``deeplab``
+(DeepLab-V3+ on Shapes at 64 px) compare the same variants (no floor for mnist-protocol);
+``--headline`` (default on a CUDA ``--device``) runs configs/mnist.yaml's 100 rounds to the end:
+``[mnist-protocol] 100 rounds: N s``. ``--jsonl FILE`` appends each figure as it is measured.
+
 Workload ``mnist`` is the seed's MNIST protocol (``configs/mnist.yaml``: fedmargin, 1,000
 clients, 10 a round, half stragglers, 20 local epochs, batch 10, LEAF CNN) on generated 28x28
 digits written as MNIST's IDX files (``workloads.write_mnist_like``: the real files' sample
