@@ -50,6 +50,13 @@ largest summed proportional set size (PSS: a page shared by n processes counts 1
 workers and Ray's processes are not counted twice) of that process and all its descendants,
 sampled every 50 ms. Reported figures are medians over the timed rounds.
 
+Workloads ``mnist-protocol`` (a round of the seed's MNIST protocol as FedAvg: configs/mnist.yaml's
+1,000 clients, 10 a round drawn per round, E = 20 local epochs of batch 10, LEAF CNN; the real
+MNIST files where the config's data.root holds them, else generated ones) and ``deeplab``
+(DeepLab-V3+ on Shapes at 64 px) compare the same variants (no floor for mnist-protocol);
+``--headline`` (default on a CUDA ``--device``) runs configs/mnist.yaml's 100 rounds to the end:
+``[mnist-protocol] 100 rounds: N s``. ``--jsonl FILE`` appends each figure as it is measured.
+
 Workload ``mnist`` is the seed's MNIST protocol (``configs/mnist.yaml``: fedmargin, 1,000
 clients, 10 a round, half stragglers, 20 local epochs, batch 10, LEAF CNN) on generated 28x28
 digits written as MNIST's IDX files (``workloads.write_mnist_like``: the real files' sample
@@ -78,16 +85,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from memory import TreeSampler, now, tree_cpu  # noqa: E402
 from workloads import (  # noqa: E402
     LR,
+    MNIST_CONFIG,
     VARIANTS,
     WORKLOADS,
+    active_clients,
     clients_of,
+    local_steps,
     local_train,
+    loss_of,
     mnist_experiment,
+    mnist_files_in,
     workload,
     write_mnist_like,
 )
 
-QUICK_STEPS = {"cnn": 5}  # --quick: the CNN does 5 local steps instead of 20 (CPU time)
+# --quick: fewer local steps (epochs for mnist-protocol) than the workload's (CPU time)
+QUICK_STEPS = {"cnn": 5, "mnist-protocol": 1, "deeplab": 2}
 MNIST_EPOCHS, QUICK_MNIST_EPOCHS = 20, 5  # the seed's local epochs; --quick's
 
 
@@ -127,10 +140,12 @@ def protofl_threads(variant: str, model, threads: int) -> int:
 def protofl_rounds(name: str, variant: str, workers: int, threads: int, device: str
                    ) -> Iterator[float]:
     """Round times of protofl: sample all clients, train them, aggregate (no evaluation)."""
+    import numpy as np
+
     from protofl.algorithms.registry import make_algorithm
-    from protofl.engine.schedule import assign_work, sample_clients
+    from protofl.engine.schedule import assign_work
     from protofl.engine.train import LocalSetup, RoundContext
-    from protofl.seeding import SAMPLE, STRAGGLE, np_rng
+    from protofl.seeding import STRAGGLE, np_rng
 
     w = WORKLOADS[name]
     data, make_model = workload(name)
@@ -138,7 +153,8 @@ def protofl_rounds(name: str, variant: str, workers: int, threads: int, device: 
     model = make_model().to(device)
     alg = make_algorithm("fedavg", {}, model, data.num_classes)
     state = alg.init_state(model)
-    setup = LocalSetup(w["batch"], True, "sgd", LR, 0.0, 0.0, seed=0, device=device)
+    setup = LocalSetup(w["batch"], not w.get("epochs"), "sgd", LR, 0.0, 0.0, seed=0,
+                       device=device)
     trainer = protofl_trainer(variant, alg.model, workers, device)
     own = protofl_threads(variant, alg.model, threads)
     t = 0
@@ -146,7 +162,7 @@ def protofl_rounds(name: str, variant: str, workers: int, threads: int, device: 
         t += 1
         torch.set_num_threads(own)
         start = now()
-        active = sample_clients(data.train_sizes, w["clients"], "uniform", np_rng(0, SAMPLE, t))
+        active = np.array(active_clients(name, t))
         jobs = assign_work(active, w["steps"], 0.0, False, np_rng(0, STRAGGLE, t))
         results = trainer.train(RoundContext(alg, alg.broadcast(state), jobs, data, {}, setup,
                                              t))
@@ -158,8 +174,6 @@ def protofl_rounds(name: str, variant: str, workers: int, threads: int, device: 
 def floor_rounds(name: str, threads: int, device: str) -> Iterator[float]:
     """The round's arithmetic on one ordinary model: every local step takes all clients'
     batches at once (the physical limit; see the module docstring)."""
-    import torch.nn.functional as F
-
     w = WORKLOADS[name]
     data, make_model = workload(name)
     torch.manual_seed(0)
@@ -175,7 +189,7 @@ def floor_rounds(name: str, threads: int, device: str) -> Iterator[float]:
             idx = torch.randint(0, len(data.y_train), (rows,), generator=gen)
             opt.zero_grad()
             _, logits = model(data.x_train[idx].to(device))
-            F.cross_entropy(logits, data.y_train[idx].to(device)).backward()
+            loss_of(logits, data.y_train[idx].to(device)).backward()
             opt.step()
         sync(device)
         yield now() - start
@@ -187,13 +201,16 @@ def loop_rounds(name: str, threads: int, device: str) -> Iterator[float]:
     clients = clients_of(name)
     torch.manual_seed(0)
     global_model = make_model().to(device)
+    t = 0
     while True:
+        t += 1
         torch.set_num_threads(threads)
         start = now()
         states, sizes = [], []
-        for x, y in clients:
+        for k in active_clients(name, t):
+            x, y = clients[k]
             local = copy.deepcopy(global_model)
-            local_train(local, x, y, w["steps"], w["batch"], device)
+            local_train(local, x, y, local_steps(name, len(y)), w["batch"], device)
             states.append(local.state_dict())
             sizes.append(len(y))
         total = sum(sizes)
@@ -222,11 +239,14 @@ def flower_rounds(name: str, rounds: int, gpus: float = 0.0, device: str = "cpu"
 
     @client_app.train()
     def train(msg: Message, context: Context) -> Message:
-        k = int(context.node_config["partition-id"])
+        # node i of the w["clients"] nodes trains the round's i-th client (the same ones as
+        # protofl and the loop: for a pool, the clients that round draws)
+        t = int(msg.content["config"]["server-round"])
+        k = active_clients(name, t)[int(context.node_config["partition-id"])]
         x, y = clients_of(name)[k]
         model = workload(name)[1]()
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-        local_train(model.to(device), x, y, w["steps"], w["batch"], device)
+        local_train(model.to(device), x, y, local_steps(name, len(y)), w["batch"], device)
         trained = {k: v.cpu() for k, v in model.state_dict().items()}
         content = RecordDict({"arrays": ArrayRecord(trained),
                               "metrics": MetricRecord({"num-examples": len(y)})})
@@ -328,6 +348,7 @@ def child(variant: str, name: str, warmup: int, rounds: int, a: argparse.Namespa
     round in turn, so that a change in the machine's load hits them alike."""
     torch.set_num_threads(a.threads)
     total = warmup + rounds
+    peaks: dict[str, int] = {}  # per in-process variant, the most allocated on the GPU
     with TreeSampler(proportional=True) as mem:
         if variant == "flower":
             times = {variant: flower_rounds(name, total, a.flower_gpus, a.device)}
@@ -343,12 +364,60 @@ def child(variant: str, name: str, warmup: int, rounds: int, a: argparse.Namespa
                 else:
                     runs[v] = protofl_rounds(name, v, a.workers, a.threads, a.device)
             times = {v: [] for v in runs}
+            peaks = dict.fromkeys(runs, 0)
             for _ in range(total):
                 for v, run in runs.items():
+                    reset_gpu_peak(a.device)
                     times[v].append(next(run))
+                    peaks[v] = max(peaks[v], gpu_peak(a.device) or 0)
     timed = {v: t[warmup:] for v, t in times.items()}
     return {"variant": variant, "workload": name, "times": timed,
-            "median": {v: statistics.median(t) for v, t in timed.items()}, "peak": mem.peak}
+            "median": {v: statistics.median(t) for v, t in timed.items()}, "peak": mem.peak,
+            "gpu_peaks": peaks or dict.fromkeys(times, gpu_peak(a.device))}
+
+
+def reset_gpu_peak(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def gpu_peak(device: str) -> int | None:
+    """The most bytes torch had allocated on the CUDA device (None elsewhere)."""
+    if torch.device(device).type != "cuda":
+        return None
+    return int(torch.cuda.max_memory_allocated())
+
+
+def headline(device: str) -> dict:
+    """The seed's MNIST protocol (configs/mnist.yaml: fedmargin, 100 rounds, 20 local epochs,
+    evaluation and the default metrics every round) run to the end: its wall time, with the
+    time so far printed every 10 rounds (a run stopped early still tells its pace). On the
+    real MNIST files where the config's data.root holds them, else on generated ones."""
+    import tempfile
+
+    from protofl.config import load_raw
+    from protofl.engine.callbacks import Callback
+
+    class Progress(Callback):
+        def on_round_end(self, exp, record) -> None:
+            if exp.round % 10 == 0:
+                print(f"[mnist-protocol] {exp.round} rounds: {now() - start:.1f} s so far",
+                      flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = load_raw(str(MNIST_CONFIG))["data"]["root"]
+        if not mnist_files_in(root):
+            root = tmp
+            write_mnist_like(root)
+        exp = mnist_experiment(root, 20, 100, device=device)
+        exp.callbacks.append(Progress())
+        start = now()
+        summary = exp.run()
+        sync(device)
+        seconds = now() - start
+    return {"workload": "mnist-protocol", "rounds": 100, "seconds": seconds,
+            "accuracy": summary.get("accuracy"), "generated": root == tmp,
+            "gpu_peak": gpu_peak(device)}
 
 
 def run_child(variant: str, name: str, warmup: int, rounds: int, a: argparse.Namespace,
@@ -399,7 +468,15 @@ def main() -> None:
     ap.add_argument("--mnist-epochs", type=int, default=None,
                     help=f"mnist: local epochs (default {MNIST_EPOCHS}; --quick: "
                          f"{QUICK_MNIST_EPOCHS})")
-    ap.add_argument("--json", help="also write every result to this JSON file")
+    ap.add_argument("--json", help="also write every result to this JSON file (at the end)")
+    ap.add_argument("--jsonl", help="append each result to this file as it is measured")
+    ap.add_argument("--headline", action="store_true",
+                    help="also run the seed's MNIST protocol's 100 rounds to the end: "
+                         "[mnist-protocol] 100 rounds: N s (default on a CUDA --device; hours "
+                         "on a CPU)")
+    ap.add_argument("--no-memory", action="store_true",
+                    help="skip the per-variant peak-memory runs (PSS); GPU peaks are still "
+                         "taken per variant in the timing run")
     ap.add_argument("--child", nargs=2, metavar=("VARIANT", "WORKLOAD"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     warmup = a.warmup if a.warmup is not None else (1 if a.quick else 3)
@@ -416,58 +493,103 @@ def main() -> None:
           f"workers; {warmup} warm-up + {rounds} timed rounds; medians; load average "
           f"{os.getloadavg()[0]:.1f}", flush=True)
     report: dict = {"args": vars(a), "results": {}}
-    for name in a.workloads.split(","):
+    for name in filter(None, a.workloads.split(",")):
         if name == "mnist":
             report["results"]["mnist"] = mnist_report(
                 a, a.warmup if a.warmup is not None else 1,
                 a.rounds if a.rounds is not None else (5 if a.quick else 10))
             continue
         report["results"][name] = workload_report(a, name, warmup, rounds)
+    if a.headline or torch.device(a.device).type == "cuda":
+        report["results"]["headline"] = headline_report(a)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
 
 
+def emit(a: argparse.Namespace, record: dict) -> None:
+    """Append one result to ``--jsonl`` as soon as it is measured (a run killed later keeps
+    it)."""
+    if a.jsonl:
+        with open(a.jsonl, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def show(name: str, v: str, r: dict) -> None:
+    if "error" in r:
+        print(f"{v:>10}: FAILED ({r['error']})", flush=True)
+        return
+    gpu = f", peak GPU memory {r['gpu_peak'] / 2**20:.0f} MiB" if r.get("gpu_peak") else ""
+    pss = f", peak PSS {r['peak'] / 2**20:.0f} MiB" if r.get("peak") else ""
+    print(f"{v:>10}: {r['median']:.4f} s/round (min {min(r['times']):.4f}, "
+          f"max {max(r['times']):.4f}){pss}{gpu}", flush=True)
+
+
+def compare(a: argparse.Namespace, name: str, res: dict, others: tuple[str, ...]) -> None:
+    """The ``[workload] vs OTHER`` lines of ``others`` measured so far."""
+    ours = res.get("auto")
+    if not ours or "error" in ours:
+        return
+    for v in others:
+        other = res.get(v)
+        if other and "error" not in other:
+            ratio = other["median"] / ours["median"]
+            print(f"[{name}] vs {v}: protofl {ours['median']:.4f} s/round, other "
+                  f"{other['median']:.4f} s/round, ratio {ratio:.2f}", flush=True)
+            emit(a, {"workload": name, "vs": v, "protofl": ours["median"],
+                     "other": other["median"], "ratio": ratio})
+
+
 def workload_report(a: argparse.Namespace, name: str, warmup: int, rounds: int) -> dict:
     w = WORKLOADS[name]
     w["steps"] = a.steps or (QUICK_STEPS.get(name, w["steps"]) if a.quick else w["steps"])
-    print(f"\n== {w['title']}: {w['clients']} active clients x {w['steps']} local steps of "
+    unit = "local epochs" if w.get("epochs") else "local steps"
+    pool = f" of {w['pool']:,}" if "pool" in w else ""
+    print(f"\n== {w['title']}: {w['clients']}{pool} active clients x {w['steps']} {unit} of "
           f"batch {w['batch']}", flush=True)
     res = {}
-    wanted = a.variants.split(",")
+    wanted = [v for v in a.variants.split(",") if not (v == "floor" and w.get("epochs"))]
     local = [v for v in wanted if v != "flower"]
     if local:  # timing: in turn, in one process; memory: one process per variant
         both = run_child("+".join(local), name, warmup, rounds, a, timeout=1800,
                          steps=w["steps"])
         for v in local:
-            mem = run_child(v, name, 1, 1, a, timeout=900, steps=w["steps"])
+            mem = {"peak": None} if a.no_memory or "error" in both else run_child(
+                v, name, 1, 1, a, timeout=900, steps=w["steps"])
             if "error" in both or "error" in mem:
                 res[v] = {"error": both.get("error") or mem.get("error")}
             else:
                 res[v] = {"times": both["times"][v], "median": both["median"][v],
-                          "peak": mem["peak"]}
+                          "peak": mem["peak"], "gpu_peak": both["gpu_peaks"][v]}
+            show(name, v, res[v])
+            emit(a, {"workload": name, "variant": v, **res[v]})
+        compare(a, name, res, ("loop", "sequential", "vectorized", "parallel",
+                               "parallel-sequential", "floor"))
     if "flower" in wanted:
         r = run_child("flower", name, warmup, rounds, a, timeout=900, steps=w["steps"])
         res["flower"] = r if "error" in r else {
-            "times": r["times"]["flower"], "median": r["median"]["flower"], "peak": r["peak"]}
-    for v in wanted:
-        r = res[v]
-        if "error" in r:
-            print(f"{v:>10}: FAILED ({r['error']})", flush=True)
-        else:
-            print(f"{v:>10}: {r['median']:.4f} s/round (min {min(r['times']):.4f}, "
-                  f"max {max(r['times']):.4f}), peak PSS {r['peak'] / 2**20:.0f} MiB",
-                  flush=True)
-    ours = res.get("auto")
-    if ours and "error" not in ours:
-        for v in ("flower", "loop", "sequential", "vectorized", "parallel", "parallel-sequential",
-                  "floor"):
-            other = res.get(v)
-            if other and "error" not in other:
-                ratio = other["median"] / ours["median"]
-                print(f"[{name}] vs {v}: protofl {ours['median']:.4f} s/round, other "
-                      f"{other['median']:.4f} s/round, ratio {ratio:.2f}", flush=True)
+            "times": r["times"]["flower"], "median": r["median"]["flower"], "peak": r["peak"],
+            "gpu_peak": None}  # in Ray's actor processes: not seen from here
+        show(name, "flower", res["flower"])
+        emit(a, {"workload": name, "variant": "flower", **res["flower"]})
+        compare(a, name, res, ("flower",))
     return res
+
+
+def headline_report(a: argparse.Namespace) -> dict:
+    """``[mnist-protocol] 100 rounds: N s``: the seed's protocol run to the end, in this
+    process (so its progress lines reach the output as they come)."""
+    print("\n== the seed's MNIST protocol, 100 rounds (configs/mnist.yaml: fedmargin, 10 of "
+          "1,000 clients, 20 local epochs, evaluation and default metrics every round)",
+          flush=True)
+    torch.set_num_threads(a.threads)
+    r = headline(a.device)
+    gpu = f", peak GPU memory {r['gpu_peak'] / 2**20:.0f} MiB" if r.get("gpu_peak") else ""
+    data = "generated MNIST-shaped digits" if r["generated"] else "the real MNIST files"
+    print(f"[mnist-protocol] 100 rounds: {r['seconds']:.1f} s (device {a.device}, {data}; "
+          f"final accuracy {r['accuracy']:.4f}{gpu})", flush=True)
+    emit(a, r)
+    return r
 
 
 def mnist_report(a: argparse.Namespace, warmup: int, rounds: int) -> dict:

@@ -12,6 +12,12 @@ from torch.utils.data import DataLoader, TensorDataset
 WORKLOADS = {
     "mlp": {"title": "Synthetic(1,1) MLP", "clients": 30, "steps": 20, "batch": 10},
     "cnn": {"title": "LEAF CNN 28x28", "clients": 10, "steps": 20, "batch": 10, "samples": 100},
+    # a round of the seed's MNIST protocol as FedAvg (configs/mnist.yaml's federation, local
+    # epochs instead of steps: "steps" counts epochs here; no stragglers, no evaluation)
+    "mnist-protocol": {"title": "seed's MNIST protocol round (FedAvg), LEAF CNN", "clients": 10,
+                       "steps": 20, "batch": 10, "pool": 1000, "epochs": True},
+    # DeepLab-V3+ (MobileNetV2 encoder, width 0.5) on the embedded Shapes set at 64 px
+    "deeplab": {"title": "DeepLab-V3+ on Shapes 64 px", "clients": 4, "steps": 10, "batch": 8},
 }
 LR = 0.05
 VARIANTS = ("auto", "vectorized", "parallel", "sequential", "loop", "flower", "floor")
@@ -27,6 +33,8 @@ def workload(name: str):
     from protofl.models.nets import Mlp, leaf_cnn
 
     w = WORKLOADS[name]
+    if name in ("mnist-protocol", "deeplab"):
+        return protocol_workload(name)
     if name == "mlp":
         data = synthetic_federation(1.0, 1.0, w["clients"], seed=0)
         return data, lambda: Mlp(60, 10)
@@ -35,6 +43,67 @@ def workload(name: str):
     ys = [torch.randint(0, 10, (w["samples"],), generator=g) for _ in range(w["clients"])]
     data = from_client_lists("random28", 10, xs, ys, local_test_fraction=0.0)
     return data, lambda: leaf_cnn((1, 28, 28), 10)
+
+
+def protocol_workload(name: str):
+    """The federation and model of ``mnist-protocol`` (configs/mnist.yaml's data: the real
+    MNIST files where its ``data.root`` holds them, else generated ones of the same shape and
+    counts) and ``deeplab`` (Shapes at 64 px, 4 clients)."""
+    import shutil
+    import tempfile
+
+    from protofl.config import ModelConfig, config_from_dict, load_raw
+    from protofl.data.registry import load_dataset
+    from protofl.models.nets import leaf_cnn
+    from protofl.models.registry import build_model
+
+    if name == "deeplab":
+        cfg = config_from_dict({"data": {"name": "shapes", "image_size": 64, "num_clients": 4,
+                                         "max_samples": 400}})
+        data = load_dataset(cfg.data)
+        mc = ModelConfig(name="deeplabv3plus", width=0.5)
+        return data, lambda: build_model("deeplabv3plus", data.input_shape, data.num_classes, mc)
+    raw = load_raw(str(MNIST_CONFIG))
+    if not mnist_files_in(raw["data"]["root"]):  # generated once, shared by Ray's actors
+        root = Path(tempfile.gettempdir()) / "protofl-mnist-like"
+        if not mnist_files_in(root):
+            part = Path(tempfile.mkdtemp(prefix="protofl-mnist-like-", dir=root.parent))
+            write_mnist_like(part)
+            try:
+                part.rename(root)
+            except OSError:  # another process got there first
+                shutil.rmtree(part, ignore_errors=True)
+        raw["data"]["root"] = str(root)
+    data = load_dataset(config_from_dict({"data": raw["data"]}).data)
+    return data, lambda: leaf_cnn((1, 28, 28), 10)
+
+
+def mnist_files_in(root) -> bool:
+    """Whether ``root`` holds MNIST's four IDX files (plain or gzipped)."""
+    from protofl.data.mnist import FILES
+
+    return all((Path(root) / f).exists() or (Path(root) / f"{f}.gz").exists()
+               for f in FILES.values())
+
+
+def active_clients(name: str, t: int) -> list[int]:
+    """The clients of round ``t``: every client, or for a workload with a ``pool`` the
+    ``clients`` drawn uniformly (seeded by the round, as protofl's runs draw them)."""
+    from protofl.engine.schedule import sample_clients
+    from protofl.seeding import SAMPLE, np_rng
+
+    w = WORKLOADS[name]
+    data, _ = workload(name)
+    if "pool" not in w:
+        return list(range(data.num_clients))
+    return sample_clients(data.train_sizes, w["clients"], "uniform",
+                          np_rng(0, SAMPLE, t)).tolist()
+
+
+def local_steps(name: str, n: int) -> int:
+    """Local steps of a client of ``n`` rows: the workload's, or its epochs of batches."""
+    w = WORKLOADS[name]
+    return w["steps"] * -(-n // w["batch"]) if w.get("epochs") else w["steps"]
 
 
 def clients_of(name: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -59,8 +128,17 @@ def local_train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps:
         xb, yb = xb.to(device), yb.to(device)
         opt.zero_grad()
         _, logits = model(xb)
-        F.cross_entropy(logits, yb).backward()
+        loss_of(logits, yb).backward()
         opt.step()
+
+
+def loss_of(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of class scores, or per image over its non-void pixels (segmentation)."""
+    if y.dim() == 1:
+        return F.cross_entropy(logits, y)
+    from protofl.tasks import per_sample_cross_entropy
+
+    return per_sample_cross_entropy(logits, y).mean()
 
 
 

@@ -8,13 +8,18 @@ dimensions (0-dim CPU tensors are allowed, as CUDA allows them); a CPU tensor in
 device indices (the reverse is allowed); a random draw onto the device from a CPU generator;
 ``.numpy()`` of a device tensor. Allowed, as on CUDA: copies between devices, ``.item()``,
 ``.tolist()``. ``simulated("mps", float64=False)`` poses as MPS, which also refuses float64
-tensors. What it cannot show: the devices' own numerics, memory and streams.
+tensors. ``simulated(memory=N)`` gives the device N bytes: the storages of live device tensors
+are counted (``Memory``: in use, peak), an allocation past N raises ``torch.OutOfMemoryError``
+as CUDA does, and ``protofl.device.memory_info`` reports the free bytes. What it cannot show:
+the devices' own numerics, allocator and streams.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -22,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 DEVICE = torch.device("meta")
-_current = {"device": DEVICE, "float64": True}  # what ``simulated`` poses as
+_current: dict = {"device": DEVICE, "float64": True, "memory": None}  # what ``simulated`` poses as
 aten = torch.ops.aten
 CROSS_DEVICE = {aten._to_copy.default, aten.copy_.default}  # copies between devices
 INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
@@ -31,6 +36,45 @@ INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
 
 class DeviceMismatch(RuntimeError):
     pass
+
+
+@dataclass
+class Memory:
+    """The simulated device's memory: ``cap`` bytes; ``used`` and ``peak`` by the storages of
+    live device tensors (a storage shared by views counts once)."""
+
+    cap: int
+    used: int = 0
+    peak: int = 0
+    refs: dict[int, int] = field(default_factory=dict)  # storage address -> live tensors
+    sizes: dict[int, int] = field(default_factory=dict)
+
+    def take(self, t: OnDevice) -> None:
+        storage = t.inner.untyped_storage()
+        key = storage.data_ptr()
+        if key not in self.refs:
+            size = storage.nbytes()
+            if self.used + size > self.cap:
+                raise torch.OutOfMemoryError(
+                    f"simulated device out of memory: {size} bytes asked, {self.used} of "
+                    f"{self.cap} in use")
+            self.refs[key], self.sizes[key] = 0, size
+            self.used += size
+            self.peak = max(self.peak, self.used)
+        self.refs[key] += 1
+        weakref.finalize(t.inner, self.give, key)  # not t: torch cannot swap a weakly held tensor
+
+    def give(self, key: int) -> None:
+        self.refs[key] -= 1
+        if self.refs[key] == 0:
+            self.used -= self.sizes.pop(key)
+            del self.refs[key]
+
+    def info(self, device) -> tuple[int, int] | None:
+        """``protofl.device.memory_info`` on the simulated device: ``(free, total)``."""
+        if torch.device(device).type != _current["device"].type:
+            return None
+        return self.cap - self.used, self.cap
 
 
 class OnDevice(torch.Tensor):
@@ -44,6 +88,8 @@ class OnDevice(torch.Tensor):
             cls, inner.size(), strides=inner.stride(), storage_offset=inner.storage_offset(),
             dtype=inner.dtype, device=_current["device"], requires_grad=inner.requires_grad)
         out.inner = inner
+        if _current["memory"] is not None:
+            _current["memory"].take(out)
         return out
 
     def __repr__(self) -> str:  # noqa: D105
@@ -126,16 +172,29 @@ class _Constructors(TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def simulated(device: str = "meta", float64: bool = True) -> Iterator[torch.device]:
+def simulated(device: str = "meta", float64: bool = True, memory: int | None = None
+              ) -> Iterator[torch.device]:
     """Run the block with ``device`` (default ``meta``, which no code treats specially) acting
-    as an accelerator; ``float64=False`` refuses float64 tensors on it, as MPS does."""
-    old = dict(_current)
-    _current.update(device=torch.device(device), float64=float64)
+    as an accelerator; ``float64=False`` refuses float64 tensors on it, as MPS does;
+    ``memory``: the device holds that many bytes (``current_memory()`` tells its use)."""
+    from protofl import device as devices
+
+    old, found = dict(_current), devices.memory_info
+    mem = Memory(memory) if memory is not None else None
+    _current.update(device=torch.device(device), float64=float64, memory=mem)
+    if mem is not None:
+        devices.memory_info = mem.info
     try:
         with _Constructors(), _Mode():
             yield _current["device"]
     finally:
         _current.update(old)
+        devices.memory_info = found
+
+
+def current_memory() -> Memory | None:
+    """The memory of the device ``simulated(memory=...)`` poses as (None without a cap)."""
+    return _current["memory"]
 
 
 def on_device(tree) -> bool:

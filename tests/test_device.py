@@ -7,12 +7,14 @@ machine that has it."""
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 import torch
 from fakedevice import OnDevice, on_device, on_host, simulated
 
 from protofl import device as devices
+from protofl.algorithms import base, prototype_math
 from protofl.algorithms.registry import ALGORITHMS
 from protofl.api import run_experiment
 from protofl.cli import main
@@ -20,6 +22,7 @@ from protofl.config import config_from_dict
 from protofl.engine import vectorized
 from protofl.engine.experiment import Experiment
 from protofl.errors import ProtoflError
+from protofl.models.registry import build_model
 
 FAST = {"fedtgp": {"server_epochs": 3}}  # the server's prototype training, shortened
 
@@ -238,3 +241,116 @@ def test_private_rounds_run_on_a_device_as_on_the_cpu(monkeypatch, algorithm, pr
         exp = Experiment(config_from_dict(raw))
         got = exp.run()
     assert figures(got) == figures(want) and on_device(exp.state)
+
+
+# ---- passes sized from the device's memory (device.forward_rows) ----
+
+def test_rows_per_pass_is_what_the_free_share_holds(monkeypatch):
+    monkeypatch.setattr(devices, "memory_info", lambda d: (1000, 4000) if "cuda" in str(d)
+                        else None)
+    assert devices.rows_per_pass("cuda:0", 100, 50) == 8  # 0.8 * 1000 // 100
+    assert devices.rows_per_pass("cuda:0", 100, 5) == 5  # never above the default
+    assert devices.rows_per_pass("cuda:0", 10_000, 50) == 1  # at least one row
+    assert devices.rows_per_pass("cpu", 10_000, 50) == 50  # the CPU: unchanged
+
+
+def test_activation_bytes_counts_every_module_output():
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
+    # Linear (2 x 4 float32 = 32 bytes), ReLU (32) and the Sequential's own output (32)
+    assert devices.activation_bytes(lambda: net(torch.ones(2, 3))) == 96
+
+
+def test_the_probe_runs_once_per_model_and_row_shape(monkeypatch):
+    monkeypatch.setattr(devices, "memory_info", lambda d: (1 << 30, 1 << 30))
+    net, calls = torch.nn.Linear(3, 4), []
+
+    def fwd(v):
+        calls.append(len(v))
+        return net(v)
+
+    for n in (5, 9, 1):
+        assert devices.forward_rows("cuda", torch.ones(n, 3), 100, fwd, net) == 100
+    devices.forward_rows("cuda", torch.ones(5, 3, dtype=torch.float64), 100,
+                         lambda v: fwd(v.float()), net)
+    assert calls == [2, 2]  # once for float32 rows, once for float64 rows
+
+
+def test_a_16_gb_gpu_at_224_px_takes_fewer_rows_than_an_h200(monkeypatch):
+    model = build_model("resnet18", (3, 224, 224), 10).eval()
+    params, buffers = base.split_state(model)
+    x = torch.zeros(4, 3, 224, 224)
+    rows = {}
+    for gib in (16, 139):
+        monkeypatch.setattr(devices, "memory_info", lambda d, g=gib: (g << 30, g << 30))
+        rows[gib] = devices.forward_rows("cuda", x, base.FEATURE_BATCH,
+                                         lambda v: base.forward(model, params, buffers, v))
+    assert 1 <= rows[16] < rows[139] <= base.FEATURE_BATCH
+    assert rows[16] < base.FEATURE_BATCH // 8  # 4096 rows at 224 px would not fit 16 GB
+    monkeypatch.undo()
+    assert devices.forward_rows("cpu", x, 7, lambda v: 1 / 0) == 7  # no probe on the CPU
+
+
+def test_feature_and_evaluation_passes_stay_within_a_capped_device(monkeypatch):
+    """On a simulated device of 24 MB, features and class scores of 600 rows (whose one pass
+    would take more than the cap: the default batches are 4096 and 256 rows) are computed in
+    smaller passes, never past the cap, with the CPU's values."""
+    from fakedevice import current_memory
+
+    from protofl.algorithms.registry import make_algorithm
+    from protofl.metrics.federated import scores
+    from protofl.models.nets import leaf_cnn
+
+    torch.manual_seed(0)
+    model = leaf_cnn((1, 28, 28), 10).eval()
+    alg = make_algorithm("fedavg", {}, model, 10)
+    params, buffers = base.split_state(model)
+    x = torch.rand(600, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    want_z = base.features(model, params, buffers, x)
+    want_s = scores(alg, model, params, buffers, {}, x, 600)
+    with simulated(memory=24 << 20) as dev:
+        model.to(dev)
+        p, b = devices.to_device(params, dev), devices.to_device(buffers, dev)
+        z = base.features(model, p, b, x.to(dev)).inner
+        s = scores(alg, model, p, b, {}, x, 600).inner
+        mem = current_memory()
+    model.to("cpu")
+    assert 0 < mem.peak <= mem.cap
+    assert torch.allclose(z, want_z, atol=1e-5) and torch.allclose(s, want_s, atol=1e-5)
+
+
+# ---- deterministic: true ----
+
+def test_deterministic_switches_torch_and_restores_what_it_found(monkeypatch):
+    monkeypatch.delenv(devices.CUBLAS_ENV, raising=False)
+    found = devices._settings()
+    try:
+        Experiment(config_from_dict({**tiny("fedavg", "sequential"), "deterministic": True}))
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert os.environ[devices.CUBLAS_ENV] == ":4096:8"
+        Experiment(config_from_dict(tiny("fedavg", "sequential")))
+        assert devices._settings() == found
+    finally:
+        devices.set_deterministic(False)
+    assert config_from_dict({}).deterministic is False
+    with pytest.raises(ProtoflError, match="deterministic"):
+        config_from_dict({"deterministic": "yes please"})
+
+
+def test_deterministic_changes_nothing_on_the_cpu():
+    raw = tiny("fedproto", "vectorized")
+    want = Experiment(config_from_dict(raw)).run()
+    try:
+        got = Experiment(config_from_dict({**raw, "deterministic": True})).run()
+    finally:
+        devices.set_deterministic(False)
+    assert figures(got) == figures(want)
+
+
+def test_onehot_prototype_sums_are_the_class_sums():
+    z = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    y = torch.tensor([2, 0, 2])
+    want = torch.tensor([[3.0, 4.0], [0.0, 0.0], [6.0, 8.0]])  # by hand
+    assert torch.equal(prototype_math.onehot_sums(z, y, 3), want)
+    assert torch.equal(prototype_math.class_sums(z, y, 3)[0], want)  # the CPU's index_add_

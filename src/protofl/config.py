@@ -332,6 +332,10 @@ class Config:
                                        "million parameters, else half the usable cores); "
                                        "results are bit-identical only at a fixed count",
                                  ge=1)
+    deterministic: bool = option(False, "CUDA: deterministic kernels only "
+                                        "(torch.use_deterministic_algorithms), no TF32, so a "
+                                        "run repeats bit for bit on the same GPU and software; "
+                                        "slower; the CPU's numbers are the same either way")
     callbacks: list[str] = option([], "extra round callbacks, as `module:Class` import paths")
     tracking: list[str] = option([], "experiment trackers fed each evaluated round (needs a "
                                      "run folder)", choices=("tensorboard", "mlflow"))

@@ -42,6 +42,7 @@ from typing import Any, ClassVar, TypedDict
 import torch
 from torch.func import functional_call
 
+from protofl import device as devices
 from protofl import tasks
 from protofl.algorithms import prototype_math
 from protofl.config import build
@@ -126,9 +127,12 @@ FEATURE_BATCH = 4096  # rows per forward pass when computing features
 @torch.no_grad()
 def features(model: torch.nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor,
              batch: int = FEATURE_BATCH) -> torch.Tensor:
-    """The features ``z`` of every row of ``x``, computed ``batch`` rows at a time."""
+    """The features ``z`` of every row of ``x``, computed ``batch`` rows at a time (fewer where
+    the device's free memory holds fewer: ``device.forward_rows``)."""
     if len(x) == 0:
         return torch.empty(0, getattr(model, "feature_dim", 0))
+    batch = devices.forward_rows(x.device, x, batch, lambda v: forward(model, params, buffers, v),
+                                 model)
     return torch.cat([forward(model, params, buffers, x[i:i + batch])[0]
                       for i in range(0, len(x), batch)])
 

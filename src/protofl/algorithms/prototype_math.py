@@ -20,11 +20,23 @@ def class_means(z: torch.Tensor, y: torch.Tensor, num_classes: int
 def class_sums(z: torch.Tensor, y: torch.Tensor, num_classes: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-class sum of the rows of ``z (n, d)`` ``(C, d)`` and per-class count ``(C,)``
-    (what class means are accumulated from, a batch at a time)."""
+    (what class means are accumulated from, a batch at a time). On CUDA the sums are one
+    matrix product (``onehot_sums``), whose order of additions is fixed, instead of
+    ``index_add_``'s atomic adds, whose order varies from run to run."""
     counts = torch.bincount(y, minlength=num_classes).to(z.dtype)
+    if z.is_cuda:
+        return onehot_sums(z, y, num_classes), counts
     sums = torch.zeros(num_classes, z.shape[1], dtype=z.dtype, device=z.device)
     sums.index_add_(0, y, z)
     return sums, counts
+
+
+def onehot_sums(z: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """``(C, d)`` per-class sums of the rows of ``z (n, d)`` as ``onehot(y)^T z``, in ``z``'s
+    dtype (autocast off: bf16 features are summed as bf16 products, accumulated wider)."""
+    onehot = torch.nn.functional.one_hot(y, num_classes).to(z.dtype)
+    with full_precision(z.device):
+        return onehot.T @ z
 
 
 def minmax(p: torch.Tensor, present: torch.Tensor, mode: str = "class",

@@ -45,7 +45,8 @@ class Experiment:
 
     A run uses torch's global generator (some server rules draw from it) in a fork seeded
     from the federation's, so the caller's generator is left as it was; the run's torch
-    thread count is set while it runs and restored afterwards.
+    thread count and ``deterministic`` settings hold while it runs and are restored
+    afterwards.
     """
 
     def __init__(self, cfg: Config | Federation, *, trainer: Trainer | None = None,
@@ -199,6 +200,7 @@ class Experiment:
         """Rounds up to ``cfg.rounds`` (from where a restored run stopped); the summary."""
         threads = torch.get_num_threads()
         torch.set_num_threads(self.cfg.threads)
+        devices.set_deterministic(self.cfg.deterministic)
         try:
             for cb in self.callbacks:
                 cb.on_run_start(self)
@@ -217,6 +219,7 @@ class Experiment:
             return summary
         finally:
             torch.set_num_threads(threads)
+            devices.set_deterministic(False)  # the caller's settings back
 
     def close(self) -> None:
         """Release what the trainer holds (the parallel trainer's worker processes)."""

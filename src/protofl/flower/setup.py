@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from protofl import device as devices
 from protofl.config import Config, apply_set, config_from_dict, load_raw
 from protofl.data.federated import FederatedData
 from protofl.data.site import SITE, site_data
@@ -50,6 +51,7 @@ class Node:
 def node_of(cfg: Config, data: FederatedData | None = None) -> Node:
     fed = build(cfg, data)
     torch.set_num_threads(fed.spec.threads)  # the node process is the run's
+    devices.set_deterministic(fed.spec.deterministic)
     return Node(fed, stack(fed.spec, fed.alg, fed.data.num_clients, fed.state))
 
 

@@ -46,15 +46,23 @@ def predictor(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors
               ) -> Callable[[torch.Tensor], torch.Tensor]:
     """``alg.predict`` with these weights as a function of host rows, computed on the
     model's device (eval mode; scores at least float32, on that device); ``inputs`` turns
-    the uploaded rows into model inputs there (stored uint8 rows travel as they are)."""
+    the uploaded rows into model inputs there (stored uint8 rows travel as they are). Rows
+    that the device's free memory would not hold in one pass go in several
+    (``device.forward_rows``)."""
     model.eval()
     dev = devices.model_device(model)
     params, buffers, state = (devices.to_device(v, dev) for v in (params, buffers, state))
     prep = inputs or (lambda v: v)
 
-    def predict(x: torch.Tensor) -> torch.Tensor:
+    def one(x: torch.Tensor) -> torch.Tensor:
         out = alg.predict(model, params, buffers, state, prep(devices.upload(x, dev)))
         return out if out.dtype in (torch.float32, torch.float64) else out.float()
+
+    def predict(x: torch.Tensor) -> torch.Tensor:
+        step = devices.forward_rows(dev, x, len(x), one, model)
+        if step >= len(x):
+            return one(x)
+        return torch.cat([one(x[i:i + step]) for i in range(0, len(x), step)])
     return predict
 
 
