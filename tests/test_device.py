@@ -320,19 +320,27 @@ def test_feature_and_evaluation_passes_stay_within_a_capped_device(monkeypatch):
 
 # ---- deterministic: true ----
 
-def test_deterministic_switches_torch_and_restores_what_it_found(monkeypatch):
+def test_deterministic_switches_torch_while_a_run_runs_and_restores_what_it_found(
+        monkeypatch):
     monkeypatch.delenv(devices.CUBLAS_ENV, raising=False)
     found = devices._settings()
+    seen = []
+    exp = Experiment(config_from_dict({**tiny("fedavg", "sequential"), "deterministic": True,
+                                       "rounds": 1}))
+    step = exp.step
+    exp.step = lambda: (seen.append(devices._settings()), step())[1]
+    exp.run()
+    assert devices._settings() == found  # the caller's settings back after the run
     try:
-        Experiment(config_from_dict({**tiny("fedavg", "sequential"), "deterministic": True}))
+        devices.set_deterministic(True)
+        assert seen == [devices._settings()]  # what held during the run
         assert torch.are_deterministic_algorithms_enabled()
         assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
         assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
         assert os.environ[devices.CUBLAS_ENV] == ":4096:8"
-        Experiment(config_from_dict(tiny("fedavg", "sequential")))
-        assert devices._settings() == found
     finally:
         devices.set_deterministic(False)
+    assert devices._settings() == found
     assert config_from_dict({}).deterministic is False
     with pytest.raises(ProtoflError, match="deterministic"):
         config_from_dict({"deterministic": "yes please"})
