@@ -108,6 +108,13 @@ def cmd_report(args) -> int:
     from protofl.report.markdown import write_markdown
     from protofl.report.sections import sections
 
+    if args.reproduction:  # the claim tables of `protofl suite reproduce` folders
+        from protofl.report.claims import write_reproduction
+
+        md = write_reproduction([Path(d) for d in args.dirs], Path(args.reproduction),
+                                args.overwrite)
+        print(f"reproduction: {md}")
+        return 0
     secs = sections([Path(d) for d in args.dirs])
     if args.markdown:
         written = write_markdown(secs, Path(args.markdown),
@@ -131,6 +138,15 @@ def cmd_suite(args) -> int:
     for s in args.set or []:
         apply_set(overrides, s)
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
+    if args.name == "reproduce":  # the seeds' claims (protofl.reproduce)
+        from protofl.reproduce import run_reproduce
+
+        out = Path(args.out or f"runs/reproduce-{args.budget}")
+        print(run_reproduce(args.claims, args.budget, out, args.jobs, seeds, overrides))
+        print(f"verdicts: {out / 'claims.md'}")
+        return 0
+    if args.claims or args.budget != "short":
+        raise ProtoflError("--claims and --budget are options of 'protofl suite reproduce'")
     out = Path(args.out or f"runs/{args.name}")
     print(run_suite(args.name, out, args.jobs, seeds, overrides))
     print(f"table: {out / 'table.md'}; curves: {out}/table_*.png; report: "
@@ -217,6 +233,8 @@ def cmd_suites(args) -> int:
 
     for name, suite in SUITES.items():
         print(f"{name:20s} {suite.description}")
+    print(f"{'reproduce':20s} the seeds' claims at the seeds' protocols, verdict by a fixed "
+          "rule (--claims, --budget short|paper; docs/reproduction.md)")
     return 0
 
 
@@ -333,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the generated sections")
     q.add_argument("--figures", metavar="DIR", help="folder for the Markdown's PNGs "
                    "(default: img/ beside FILE)")
+    q.add_argument("--reproduction", metavar="FILE", help="instead: the claim tables of "
+                   "`protofl suite reproduce` folders into FILE (e.g. docs/reproduction.md)")
     q.add_argument("--title", default="protofl report", help="the page's title")
     q.add_argument("--overwrite", action="store_true", help="replace existing output files")
     q.set_defaults(func=cmd_report)
@@ -345,6 +365,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--rounds", type=int, help="override every run's rounds")
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override every run")
     q.add_argument("--device", help="every run's device (auto, cpu, cuda, cuda:N or mps)")
+    q.add_argument("--claims", help="reproduce: comma-separated claims (default: all; see "
+                   "docs/reproduction.md)")
+    q.add_argument("--budget", choices=("short", "paper"), default="short",
+                   help="reproduce: short (minutes, a smoke test) or paper (the protocol)")
     q.set_defaults(func=cmd_suite)
 
     q = sub.add_parser("algorithms", help="list the algorithms")

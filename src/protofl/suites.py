@@ -181,8 +181,8 @@ SUITES: dict[str, Suite] = {
     ),
     "segmentation": Suite(
         "fedavg (uniform sampling; and size-sampled as a labelled row) vs fedmargin and the "
-        "centralized baseline on the embedded Shapes segmentation set, Dirichlet alpha = 0.01, 0.1 and 1, 3 seeds: mIoU table, curves, "
-        "qualitative and partition figures",
+        "centralized baseline on the embedded Shapes segmentation set, Dirichlet alpha = "
+        "0.01, 0.1 and 1, 3 seeds: mIoU table, curves, qualitative and partition figures",
         {f"shapes-{name}": merge(SHAPES_SEG, {"data": {"alpha": a}})
          for name, a in ALPHA_SETTINGS.items()},
         {"fedavg": {"algorithm": "fedavg"}, "fedmargin": {"algorithm": "fedmargin"},
