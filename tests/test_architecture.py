@@ -26,7 +26,7 @@ LAYERS = [
     {"metrics"},
     {"engine"},
     {"report"},
-    {"api", "cli", "suites", "flower", "__init__"},
+    {"api", "cli", "suites", "reproduce", "flower", "__init__"},
 ]
 
 

@@ -109,7 +109,7 @@ def cmd_report(args) -> int:
     from protofl.report.sections import sections
 
     if args.reproduction:  # the claim tables of `protofl suite reproduce` folders
-        from protofl.report.claims import write_reproduction
+        from protofl.reproduce.tables import write_reproduction
 
         md = write_reproduction([Path(d) for d in args.dirs], Path(args.reproduction),
                                 args.overwrite)
