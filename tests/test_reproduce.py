@@ -126,3 +126,20 @@ def test_short_budget_end_to_end(tmp_path, capsys):
     assert main(["suite", "main", "--claims", "digits"]) == 2
     assert "--claims and --budget are options of 'protofl suite reproduce'" in (
         capsys.readouterr().err)
+
+
+def test_tables_take_the_largest_budget_that_ran(tmp_path):
+    from protofl.reproduce import write_record
+    from protofl.reproduce.tables import merged_records
+
+    short, paper = tmp_path / "s", tmp_path / "p"
+    write_record(short, {"digits": {"budget": "short", "status": "run", "seeds": [0]},
+                         "shapes": {"budget": "short", "status": "run", "seeds": [0]}})
+    write_record(paper, {"digits": {"budget": "paper", "status": "run", "seeds": [0]},
+                         "shapes": {"budget": "paper", "status": "pending: x", "seeds": []}})
+    write_record(paper, {"mnist": {"budget": "paper", "status": "not run here: y",
+                                   "seeds": []}})  # merged into the record, not replacing it
+    best = merged_records([paper, short])
+    assert (best["digits"]["budget"], best["digits"]["folder"]) == ("paper", paper)
+    assert (best["shapes"]["budget"], best["shapes"]["folder"]) == ("short", short)
+    assert best["mnist"]["status"] == "not run here: y"

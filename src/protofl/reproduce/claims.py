@@ -39,6 +39,7 @@ class Claim:
     pending: str | None = None  # why the paper budget cannot run yet (another piece of work)
     config: str | None = None  # the shipped config under configs/ that holds the protocol
     stand_in: str | None = None  # what the claim stands in for, when not the seed's data
+    cost: str | None = None  # why the paper budget was not run on the build machine
 
     def command(self, budget: str = "paper") -> str:
         device = " --device cuda" if self.needs and self.metric == "miou" else ""
@@ -169,7 +170,9 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
     Claim("synthetic", "first", FIRST_STATEMENT, SYNTHETIC_FEDPROX,
           ("Synthetic(1,1), 30 clients, the 60-128-256-10 MLP: the seed and FedProx",
            "200 rounds, lr 0.01: FedProx's Synthetic setting (App. C)", *FEDPROX_SOURCES),
-          CLASS_SHORT, FIRST_VARIANTS, FIRST_COMPARISONS, config="synthetic_fedprox.yaml"),
+          CLASS_SHORT, FIRST_VARIANTS, FIRST_COMPARISONS, config="synthetic_fedprox.yaml",
+          cost=("about 30 min a run on the build machine's shared cores (9 s a round for "
+                "fedavg), over 15 h for 6 variants x 5 seeds")),
     Claim("synthetic-main", "first", FIRST_STATEMENT,
           merge(SYNTHETIC, {"algorithm": "fedmargin"}),
           ("Synthetic(1,1) as above, but 60 rounds of 20 local steps (batch 10, lr 0.01, 50% "
@@ -239,5 +242,7 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
           SECOND_COMPARISONS,
           splits={"iid": {"data": {"partition": "iid"}},
                   "dir0.5": {"data": {"partition": "dirichlet", "alpha": 0.5}}},
-          stand_in="HAM10000 and Matek-19 (scikit-learn's digits)"),
+          stand_in="HAM10000 and Matek-19 (scikit-learn's digits)",
+          cost=("100 runs (10 variants x 2 splits x 5 seeds), over 1.5 h under this "
+                "session's load (about 17 min on the idle machine)")),
 )}

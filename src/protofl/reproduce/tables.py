@@ -41,7 +41,10 @@ def change_text(claim: Claim, entry: dict, res: dict[str, Any] | None, first: bo
     if entry["status"] != "run":
         return entry["status"].split(": ", 1)[-1]
     notes = []
-    if entry["budget"] != "paper":
+    if entry["budget"] != "paper" and claim.pending:
+        notes.append(f"the short budget is a smoke test; the paper budget is pending: "
+                     f"{claim.pending}")
+    elif entry["budget"] != "paper":
         notes.append(f"the short budget is a smoke test: `{claim.command('paper')}`")
     if res is not None and res["verdict"] == "inconclusive" and res["n"] >= MIN_SEEDS:
         notes.append("more seeds (`--seeds`) to narrow the interval")
@@ -66,8 +69,11 @@ def _cell(text: str) -> str:
 def claim_rows(claim: Claim, entry: dict | None) -> list[str]:
     """The table rows of one claim: one per (split, comparison) when it ran, else one."""
     protocol = "; ".join(claim.sources)
-    if entry is None:
-        entry = {"status": f"not run yet (run `{claim.command('paper')}`)", "budget": "-"}
+    if entry is None and claim.cost:
+        entry = {"status": f"not run here: too costly here, {claim.cost} (run "
+                           f"`{claim.command('paper')}`)", "budget": "-"}
+    elif entry is None:
+        entry = {"status": f"not run yet: run `{claim.command('paper')}`", "budget": "-"}
     head = f"**{claim.name}**: {claim.statement} ({claim.metric})"
     if entry["status"] != "run":
         first = claim.comparisons[0]
