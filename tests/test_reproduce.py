@@ -143,3 +143,20 @@ def test_tables_take_the_largest_budget_that_ran(tmp_path):
     assert (best["digits"]["budget"], best["digits"]["folder"]) == ("paper", paper)
     assert (best["shapes"]["budget"], best["shapes"]["folder"]) == ("short", short)
     assert best["mnist"]["status"] == "not run here: y"
+
+
+def test_reproduction_report_refuses_bad_input(tmp_path, capsys):
+    md = tmp_path / "r.md"
+    assert main(["report", str(tmp_path), "--reproduction", str(md)]) == 2
+    assert "is not a `protofl suite reproduce` folder" in capsys.readouterr().err
+    md.write_text("# mine\n")
+    from protofl.reproduce import write_record
+
+    write_record(tmp_path / "rep", {"mnist": {"budget": "paper", "status": "not run here: x",
+                                              "seeds": []}})
+    assert main(["report", str(tmp_path / "rep"), "--reproduction", str(md)]) == 2  # exists
+    assert md.read_text() == "# mine\n"
+    assert main(["report", str(tmp_path / "rep"), "--reproduction", str(md),
+                 "--overwrite"]) == 0
+    text = md.read_text()
+    assert text.startswith("# mine\n") and "| **mnist**" in text and "| not run here |" in text
