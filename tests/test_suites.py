@@ -108,3 +108,13 @@ def test_seeds_vary_the_partition():
             assert raw["data"]["seed"] == raw["seed"]
     jobs = plan("main", Path("out"), seeds=(3,), overrides={"data": {"seed": 7}})
     assert {raw["data"]["seed"] for raw, _ in jobs} == {7}
+
+
+def test_partition_per_seed_does_not_split_table_rows():
+    from protofl.report.labels import row_labels
+
+    flats = [{"seed": s, "data.seed": s, "clients.lr": 0.1} for s in range(3)]
+    labels, _ = row_labels(["fedavg"] * 3, flats)
+    assert labels == ["fedavg"] * 3
+    flats[2]["data.seed"] = 0  # a partition chosen apart from the seed still shows
+    assert len(set(row_labels(["fedavg"] * 3, flats)[0])) == 2
