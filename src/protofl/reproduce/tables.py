@@ -44,6 +44,9 @@ def change_text(claim: Claim, entry: dict, res: dict[str, Any] | None, first: bo
     if entry["budget"] != "paper" and claim.pending:
         notes.append(f"the short budget is a smoke test; the paper budget is pending: "
                      f"{claim.pending}")
+    elif entry["budget"] != "paper" and claim.cost:
+        notes.append(f"the short budget is a smoke test; the paper budget (`"
+                     f"{claim.command('paper')}`) was too costly here: {claim.cost}")
     elif entry["budget"] != "paper":
         notes.append(f"the short budget is a smoke test: `{claim.command('paper')}`")
     if res is not None and res["verdict"] == "inconclusive" and res["n"] >= MIN_SEEDS:
