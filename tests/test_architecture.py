@@ -29,7 +29,7 @@ LAYERS = [
     {"metrics"},
     {"engine"},
     {"report"},
-    {"api", "cli", "suites", "suites_hetero", "flower", "doctables", "__init__"},
+    {"api", "cli", "suites", "suites_hetero", "reproduce", "flower", "doctables", "__init__"},
 ]
 
 

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from protofl import suites
-from protofl.config import config_from_dict, merge
+from protofl.algorithms.registry import algorithm_class
+from protofl.config import config_from_dict, merge, resolve_defaults
 from protofl.suites import SUITES, plan, run_suite
 
 TINY = {"data": {"image_size": 16, "num_clients": 4, "max_samples": 60},
@@ -18,15 +19,20 @@ TINY = {"data": {"image_size": 16, "num_clients": 4, "max_samples": 60},
 def test_plan():
     jobs = plan("segmentation", Path("out"))
     folders = [f for _, f in jobs]
-    assert len(jobs) == 21
+    assert len(jobs) == 30  # 3 splits x (fedavg, fedavg-size-sampled, fedmargin) x 3 seeds + 3
     for a in ("0.01", "0.1", "1"):
-        for alg in ("fedavg", "fedmargin"):
+        for alg in ("fedavg", "fedmargin", "fedavg-size-sampled"):
             assert all(f"out/shapes-a{a}/{alg}/seed{s}" in folders for s in range(3))
     assert [f for f in folders if "central" in f] == [
         f"out/shapes-a1/central/seed{s}" for s in range(3)]
     for raw, folder in jobs:
         cfg = config_from_dict(raw)
-        assert cfg.data.name == "shapes" and cfg.clients.sampling == "weighted"
+        c = resolve_defaults(cfg.clients, algorithm_class(cfg.algorithm).client_defaults)
+        # each method its own sampling: FedAvg uniform (but the labelled row), fedmargin ∝ n_k
+        size_sampled = cfg.algorithm == "fedmargin" or folder.split("/")[2].endswith(
+            "size-sampled")
+        assert c.sampling == ("weighted" if size_sampled else "uniform"), folder
+        assert cfg.data.name == "shapes" and cfg.data.seed == cfg.seed  # partition per seed
         assert cfg.data.alpha == float(folder.split("/")[1].removeprefix("shapes-a"))
 
 

@@ -109,6 +109,13 @@ def cmd_report(args) -> int:
     from protofl.report.markdown import write_markdown
     from protofl.report.sections import sections
 
+    if args.reproduction:  # the claim tables of `protofl suite reproduce` folders
+        from protofl.reproduce.tables import write_reproduction
+
+        md = write_reproduction([_path(d) for d in args.dirs], _path(args.reproduction),
+                                args.overwrite)
+        print(f"reproduction: {md}")
+        return 0
     secs = sections([_path(d) for d in args.dirs])
     title = args.title
     warning = not_private_warning([r for s in secs for r in s.runs])
@@ -140,6 +147,16 @@ def cmd_suite(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ProtoflError(f"--jobs {args.jobs}: give at least 1 (or leave it out: one per "
                            "CPU core)")
+    if args.name == "reproduce":  # the seeds' claims (protofl.reproduce)
+        from protofl.reproduce import run_reproduce
+
+        out = _path(args.out or f"runs/reproduce-{args.budget}")
+        print(run_reproduce(args.claims, args.budget, out, args.jobs, _seeds(args.seeds),
+                            overrides))
+        print(f"verdicts: {out / 'claims.md'}")
+        return 0
+    if args.claims:
+        raise ProtoflError("--claims is an option of 'protofl suite reproduce'")
     name = budget_name(args.name, args.budget)
     out = _path(args.out or f"runs/{name}")
     print(run_suite(name, out, args.jobs, _seeds(args.seeds), overrides))
@@ -230,6 +247,8 @@ def cmd_suites(args) -> int:
 
     for name, suite in SUITES.items():
         print(f"{name:20s} {suite.description}")
+    print(f"{'reproduce':20s} the seeds' claims at the seeds' protocols, verdict by a fixed "
+          "rule (--claims, --budget short|paper; docs/reproduction.md)")
     return 0
 
 
@@ -348,6 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the generated sections")
     q.add_argument("--figures", metavar="DIR", help="folder for the Markdown's PNGs "
                    "(default: img/ beside FILE)")
+    q.add_argument("--reproduction", metavar="FILE", help="instead: the claim tables of "
+                   "`protofl suite reproduce` folders into FILE (e.g. docs/reproduction.md)")
     q.add_argument("--title", default="protofl report", help="the page's title")
     q.add_argument("--overwrite", action="store_true", help="replace existing output files")
     q.set_defaults(func=cmd_report)
@@ -360,8 +381,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--rounds", type=int, help="override every run's rounds")
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override every run")
     q.add_argument("--device", help="every run's device (auto, cpu, cuda, cuda:N or mps)")
-    q.add_argument("--budget", choices=("short", "paper"),
-                   help="heterogeneous: short (default) or the FedTGP paper's protocol")
+    q.add_argument("--claims", help="reproduce: comma-separated claims (default: all; see "
+                   "docs/reproduction.md)")
+    q.add_argument("--budget", choices=("short", "paper"), default="short",
+                   help="reproduce and heterogeneous: short (minutes) or paper (the paper's "
+                   "protocol)")
     q.set_defaults(func=cmd_suite)
 
     q = sub.add_parser("algorithms", help="list the algorithms")

@@ -55,9 +55,10 @@ CENTRAL = {"algorithm": "central", "trainer": "sequential"}
 # the seed's federated segmentation benchmark on the embedded Shapes set (suite
 # "segmentation"): 20 clients, Dirichlet(alpha) over the object class with power-law sizes,
 # 48 px, the data's joint crop and flip, a DeepLab-V3+ of width 0.35 and 32 channels, and
-# local work sized so the 21 runs fit 15 minutes on 2 cores (docs/results.md). Clients are
-# sampled in proportion to their size for every method (fedmargin's own setting), so
-# fedavg and fedmargin differ only in how they weight the clients' models.
+# local work sized so the runs fit 15 minutes on 2 cores (docs/results.md). Each method
+# samples clients its own way: fedavg uniformly (the seed's FedAvg), fedmargin in proportion
+# to their size (its own setting); the labelled row fedavg-size-sampled is FedAvg with
+# fedmargin's sampling, which isolates the weighting.
 SHAPES_SEG = {
     "data": {"name": "shapes", "num_clients": 20, "partition": "dirichlet_powerlaw"},
     "model": {"width": 0.35, "seg_channels": 32},
@@ -65,7 +66,7 @@ SHAPES_SEG = {
     "eval_every": 5,
     "trainer": "sequential",  # 25% faster than vmap for this convnet on CPU
     "clients": {"per_round": 3, "local_steps": 8, "batch_size": 16, "optimizer": "adam",
-                "lr": 0.003, "sampling": "weighted"},
+                "lr": 0.003},
     "metrics": {"dissimilarity_clients": 0, "train_loss_samples": 200},
 }
 
@@ -137,14 +138,23 @@ SUITES: dict[str, Suite] = {
         "the seed's Table 3: every ablation row of fedmargin on Synthetic(1,1), 3 seeds",
         {"synthetic": SYNTHETIC},
         {
+            # FedAvg as the seed means it: uniform sampling, n_k weights, stragglers dropped
             "1-fedavg": {"algorithm": "fedmargin", "algo": {"weights": "fedavg"},
-                         "clients": {"tolerate_partial": False, "sampling": "weighted"}},
+                         "clients": {"tolerate_partial": False, "sampling": "uniform"}},
+            # labelled ablation (not a row of the seed): FedAvg weights, size-weighted sampling
+            "1b-fedavg-size-sampled": {"algorithm": "fedmargin", "algo": {"weights": "fedavg"},
+                                       "clients": {"tolerate_partial": False,
+                                                   "sampling": "weighted"}},
+            # the fair policy under fedmargin's weighted sampling (row 2), then with i.i.d.
+            # sampling (row 3: "comparable to FedAvg")
             "2-fairness": {"algorithm": "fedmargin", "algo": {"weights": "fair"},
                            "clients": {"tolerate_partial": False}},
-            "3-iid-sampling": {"algorithm": "fedmargin", "algo": {"weights": "fedavg"},
-                               "clients": {"tolerate_partial": False, "sampling": "uniform"}},
+            "3-fairness-iid-sampling": {"algorithm": "fedmargin", "algo": {"weights": "fair"},
+                                        "clients": {"tolerate_partial": False,
+                                                    "sampling": "uniform"}},
             "4-fedavg+toleration": {"algorithm": "fedmargin", "algo": {"weights": "fedavg"},
-                                    "clients": {"tolerate_partial": True}},
+                                    "clients": {"tolerate_partial": True,
+                                                "sampling": "uniform"}},
             "5-fairness+toleration": {"algorithm": "fedmargin", "algo": {"weights": "fair"},
                                       "clients": {"tolerate_partial": True}},
             "6-full-no-toleration": {"algorithm": "fedmargin",
@@ -170,12 +180,14 @@ SUITES: dict[str, Suite] = {
                                                      "fedtgp", "fedplvm")}},
     ),
     "segmentation": Suite(
-        "fedavg vs fedmargin and the centralized baseline on the embedded Shapes "
-        "segmentation set, Dirichlet alpha = 0.01, 0.1 and 1, 3 seeds: mIoU table, curves, "
-        "qualitative and partition figures",
+        "fedavg (uniform sampling; and size-sampled as a labelled row) vs fedmargin and the "
+        "centralized baseline on the embedded Shapes segmentation set, Dirichlet alpha = "
+        "0.01, 0.1 and 1, 3 seeds: mIoU table, curves, qualitative and partition figures",
         {f"shapes-{name}": merge(SHAPES_SEG, {"data": {"alpha": a}})
          for name, a in ALPHA_SETTINGS.items()},
         {"fedavg": {"algorithm": "fedavg"}, "fedmargin": {"algorithm": "fedmargin"},
+         # labelled ablation: FedAvg with fedmargin's size-weighted sampling
+         "fedavg-size-sampled": {"algorithm": "fedavg", "clients": {"sampling": "weighted"}},
          "central": {"algorithm": "central"}},
         # the pooled data do not depend on alpha: the reference is trained once per seed
         runs_on={"central": ("shapes-a1",)},
@@ -196,6 +208,12 @@ def _one(args: tuple[dict, str, bool]) -> str:
     return out
 
 
+def seeded(raw: dict[str, Any], seed: int, overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """``raw`` at run seed ``seed``: the partition (and generated data) follow the seed
+    (``data.seed``), so a suite's seeds vary the partition too; ``overrides`` win."""
+    return merge(merge(raw, {"seed": seed, "data": {"seed": seed}}), overrides or {})
+
+
 def plan(name: str, out: Path, seeds: tuple[int, ...] | None = None,
          overrides: dict[str, Any] | None = None) -> list[tuple[dict, str]]:
     """Every (resolved raw config, run folder) of a suite."""
@@ -208,13 +226,13 @@ def plan(name: str, out: Path, seeds: tuple[int, ...] | None = None,
     for ds, base in suite.datasets.items():
         for seed in seeds or suite.seeds:
             if suite.ffd:  # first, so that it runs before the runs that read it
-                raw = merge(merge(base, CENTRAL), {"seed": seed, **(overrides or {})})
+                raw = seeded(merge(base, CENTRAL), seed, overrides)
                 jobs.append((raw, str(out / ds / "central" / f"seed{seed}")))
         for label, over in suite.runs.items():
             if ds not in suite.runs_on.get(label, (ds,)):
                 continue
             for seed in seeds or suite.seeds:
-                raw = merge(merge(base, over), {"seed": seed, **(overrides or {})})
+                raw = seeded(merge(base, over), seed, overrides)
                 if suite.ffd:
                     ref = (out / ds / "central" / f"seed{seed}").resolve()
                     raw = merge(raw, {"metrics": {"ffd_reference": str(ref)}})
@@ -230,25 +248,16 @@ def phases(jobs: list[tuple[dict, str]]) -> list[list[tuple[dict, str]]]:
     return [p for p in (first, [j for j in jobs if j not in first]) if p]
 
 
-def run_suite(name: str, out: Path, jobs: int | None = None, seeds: tuple[int, ...] | None = None,
-              overrides: dict[str, Any] | None = None) -> str:
-    """Run a suite (in ``jobs`` processes) and write ``OUT/table.md``, the curves and
-    ``OUT/report.html``."""
+def execute(work: list[tuple[dict, str]], jobs: int | None, desc: str) -> None:
+    """Run every job of ``work`` not finished yet (in ``jobs`` processes, FFD references
+    first), with a progress bar."""
     from multiprocessing import get_context
 
-    from protofl.config import config_from_dict
-    from protofl.report.compare import compare
-    from protofl.report.html import write_html
-    from protofl.report.sections import sections
-
-    work = plan(name, out, seeds, overrides)
-    for raw, _ in work:
-        config_from_dict(raw)  # every config checked before anything runs
-    todo = [(raw, folder) for raw, folder in work if not (Path(folder) / "summary.json").exists()]
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo) or 1))
     from tqdm import tqdm
 
-    with tqdm(total=len(work), initial=len(work) - len(todo), unit="run", desc=name) as bar:
+    todo = [(raw, folder) for raw, folder in work if not (Path(folder) / "summary.json").exists()]
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo) or 1))
+    with tqdm(total=len(work), initial=len(work) - len(todo), unit="run", desc=desc) as bar:
         if jobs == 1:
             for raw, folder in todo:
                 _one((raw, folder, False))
@@ -258,6 +267,21 @@ def run_suite(name: str, out: Path, jobs: int | None = None, seeds: tuple[int, .
                 for phase in phases(todo):  # FFD references before the runs that read them
                     for _ in pool.imap_unordered(_one, [(r, f, False) for r, f in phase]):
                         bar.update(1)
+
+
+def run_suite(name: str, out: Path, jobs: int | None = None, seeds: tuple[int, ...] | None = None,
+              overrides: dict[str, Any] | None = None) -> str:
+    """Run a suite (in ``jobs`` processes) and write ``OUT/table.md``, the curves and
+    ``OUT/report.html``."""
+    from protofl.config import config_from_dict
+    from protofl.report.compare import compare
+    from protofl.report.html import write_html
+    from protofl.report.sections import sections
+
+    work = plan(name, out, seeds, overrides)
+    for raw, _ in work:
+        config_from_dict(raw)  # every config checked before anything runs
+    execute(work, jobs, name)
     text = compare([Path(f) for _, f in work], out / "table.md", overwrite=True)
     finish = SUITES[name].finish
     figures = finish(out, work) if finish is not None else []

@@ -111,8 +111,11 @@ def row_labels(algorithms: list[str], flats: list[dict], skip: set[str] = frozen
     other key counts when it varies among the runs of the same algorithm (an algorithm's own
     defaults never label it); its most common value there (the first seen on a tie) is the
     algorithm's baseline, said once in the caption, and a label names only where a run
-    departs from it. Runs that differ only in seed get the same label."""
+    departs from it. Runs that differ only in seed get the same label, also when each
+    seed draws its own partition (``data.seed`` = ``seed``, as in the suites)."""
     drop = IGNORED | set(skip)
+    if all(f.get("data.seed") == f.get("seed") for f in flats):
+        drop = drop | {"data.seed"}
     flats = [{k: v for k, v in f.items() if k not in inert(f)} for f in flats]
     keys = sorted({k for f in flats for k in f} - drop)
     table_varying = {k for k in keys if k in SETTING

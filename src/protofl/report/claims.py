@@ -1,0 +1,112 @@
+"""The comparison rule of ``protofl suite reproduce``: readings, intervals, verdicts.
+
+The rule (fixed before any run; docs/reproduction.md): a claim "method beats baseline" is
+read from paired runs, the same run seed and partition (``data.seed``) for both, over at
+least ``MIN_SEEDS`` seeds. Each pair gives two differences, method − baseline, of
+
+(a) the **last rounds**: the mean of the metric over the last ``TAIL`` (10%, at least one)
+    of the evaluated rounds, and
+(b) the **curve's area**: the mean of the metric over every evaluated round.
+
+For each reading the mean difference and its 95% t-interval (Student's t, n − 1 degrees of
+freedom) are taken. Verdict: **reproduced** when the interval lies above 0 on both readings;
+**not reproduced** when it lies at or below 0 on both; **inconclusive** otherwise (the
+intervals straddle 0, disagree, or fewer than ``MIN_SEEDS`` pairs exist).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from protofl.engine import runfolder
+from protofl.errors import ProtoflError
+
+MIN_SEEDS = 5
+TAIL = 0.10
+LEVEL = 0.95
+READINGS = ("last", "area")
+
+
+def readings(rows: list[dict], metric: str, tail: float = TAIL) -> dict[str, float]:
+    """``{last: mean of the last ceil(tail · n) evaluated values, area: mean of all}``."""
+    values = [float(r[metric]) for r in rows if isinstance(r.get(metric), (int, float))]
+    if not values:
+        raise ProtoflError(f"no evaluated round logs {metric!r}")
+    k = max(1, math.ceil(tail * len(values)))
+    return {"last": float(np.mean(values[-k:])), "area": float(np.mean(values))}
+
+
+def t_interval(diffs: list[float], level: float = LEVEL) -> dict[str, Any]:
+    """Mean of ``diffs`` and its two-sided ``level`` t-interval (NaN bounds when n < 2)."""
+    from scipy import stats
+
+    d = np.asarray(diffs, dtype=float)
+    n = len(d)
+    mean = float(d.mean()) if n else math.nan
+    if n < 2:
+        return {"mean": mean, "lo": math.nan, "hi": math.nan, "n": n}
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * d.std(ddof=1) / math.sqrt(n))
+    return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": n}
+
+
+def side(iv: dict[str, Any]) -> str:
+    """``above`` (lo > 0), ``below`` (hi <= 0) or ``straddles`` (or undefined)."""
+    if iv["lo"] > 0:
+        return "above"
+    if iv["hi"] <= 0:
+        return "below"
+    return "straddles"
+
+
+def verdict(intervals: dict[str, dict[str, Any]], min_seeds: int = MIN_SEEDS) -> str:
+    """The rule's verdict from the intervals of both readings (claimed direction: > 0)."""
+    if min(iv["n"] for iv in intervals.values()) < min_seeds:
+        return "inconclusive"
+    sides = {side(iv) for iv in intervals.values()}
+    if sides == {"above"}:
+        return "reproduced"
+    if sides == {"below"}:
+        return "not reproduced"
+    return "inconclusive"
+
+
+def _runs(folder: Path, metric: str) -> dict[tuple[int, int], dict[str, float]]:
+    """``(seed, data.seed) -> readings`` of every finished run ``folder/seed*``."""
+    out = {}
+    for run in sorted(folder.glob("seed*")):
+        if not (run / runfolder.SUMMARY).exists():
+            continue
+        cfg = runfolder.load_config_json(run)
+        key = (int(cfg.get("seed", 0)), int(cfg.get("data", {}).get("seed", 0)))
+        out[key] = readings(runfolder.read_metrics(run), metric)
+    return out
+
+
+def paired(split_dir: Path, method: str, baseline: str, metric: str) -> dict[str, Any]:
+    """The paired comparison of two variants of one split: per-reading intervals of the
+    difference, the variants' mean readings, and the verdict."""
+    a, b = _runs(split_dir / method, metric), _runs(split_dir / baseline, metric)
+    keys = sorted(a.keys() & b.keys())
+    ivs = {r: t_interval([a[k][r] - b[k][r] for k in keys]) for r in READINGS}
+    means = {name: {r: float(np.mean([runs[k][r] for k in keys])) if keys else math.nan
+                    for r in READINGS} for name, runs in (("method", a), ("baseline", b))}
+    return {"intervals": ivs, "means": means, "n": len(keys), "verdict": verdict(ivs)}
+
+
+def _num(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:+.3f}"
+
+
+def result_text(res: dict[str, Any]) -> str:
+    """``last: +0.012 [-0.004, +0.028]; area: ...`` with the means compared."""
+    parts = []
+    for r, word in (("last", "last 10%"), ("area", "area")):
+        iv = res["intervals"][r]
+        m, b = res["means"]["method"][r], res["means"]["baseline"][r]
+        parts.append(f"{word}: {_num(iv['mean'])} [{_num(iv['lo'])}, {_num(iv['hi'])}] "
+                     f"({m:.3f} vs {b:.3f})")
+    return "; ".join(parts) + f"; n = {res['n']}"

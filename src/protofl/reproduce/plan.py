@@ -1,0 +1,112 @@
+"""Planning and running the claims: budgets, data present or not, the jobs, the record."""
+
+from __future__ import annotations
+
+import json
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+from protofl.config import merge
+from protofl.errors import ProtoflError
+from protofl.reproduce.claims import CLAIMS, NO_COSTLY, Claim
+from protofl.suites import seeded
+
+BUDGETS = ("short", "paper")
+SEEDS = {"short": (0, 1), "paper": (0, 1, 2, 3, 4)}
+PLAN_FILE = "reproduce.json"
+
+
+def select(names: str | None) -> list[Claim]:
+    """The claims named (comma-separated; None or ``all``: every one)."""
+    if not names or names == "all":
+        return list(CLAIMS.values())
+    picked = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in picked if n not in CLAIMS]
+    if unknown or not picked:
+        raise ProtoflError(f"--claims: unknown claim {(unknown or [names])[0]!r}; allowed: "
+                           f"{', '.join(CLAIMS)}")
+    return [CLAIMS[n] for n in dict.fromkeys(picked)]
+
+
+def budget_config(claim: Claim, budget: str) -> dict[str, Any]:
+    """The claim's base config at ``budget`` (before splits, variants and seeds)."""
+    if budget not in BUDGETS:
+        raise ProtoflError(f"--budget: {budget!r}; allowed: {', '.join(BUDGETS)}")
+    return claim.protocol if budget == "paper" else merge(claim.protocol, claim.short)
+
+
+def status(claim: Claim, budget: str, overrides: dict[str, Any] | None = None) -> str:
+    """``run``, or why the claim is not run here (its data absent, or pending)."""
+    if budget == "paper" and claim.pending:
+        return f"pending: {claim.pending}"
+    if claim.needs:
+        root = merge(claim.protocol, overrides or {}).get("data", {}).get("root")
+        if not root or not Path(str(root)).expanduser().exists():
+            return (f"not run here: needs {claim.needs} (run `{claim.command(budget)}`)")
+    return "run"
+
+
+def claim_jobs(claim: Claim, budget: str, out: Path, seeds: tuple[int, ...],
+               overrides: dict[str, Any] | None = None) -> list[tuple[dict, str]]:
+    """Every (raw config, run folder) of one claim at ``budget``, two variants at a time
+    over every seed (the first comparison's first), so that a suite stopped early leaves
+    whole pairs of seeds for the headline comparison."""
+    base = budget_config(claim, budget)
+    first = (claim.comparisons[0].method, claim.comparisons[0].baseline)
+    order = [*first, *(v for v in claim.variants if v not in first)]
+    jobs = []
+    for k in range(0, len(order), 2):
+        for seed, split, label in product(seeds, claim.splits, order[k:k + 2]):
+            raw = merge(merge(base, claim.splits[split]), claim.variants[label])
+            raw = seeded(merge(raw, NO_COSTLY), seed, overrides)
+            jobs.append((raw, str(out / claim.name / split / label / f"seed{seed}")))
+    return jobs
+
+
+def reproduce_plan(names: str | None, budget: str, out: Path,
+                   seeds: tuple[int, ...] | None = None,
+                   overrides: dict[str, Any] | None = None
+                   ) -> tuple[dict[str, dict], list[tuple[dict, str]]]:
+    """``({claim: {budget, status, seeds}}, jobs)`` for the claims named."""
+    seeds = tuple(seeds or SEEDS.get(budget, SEEDS["paper"]))
+    record, jobs = {}, []
+    for claim in select(names):
+        state = status(claim, budget, overrides)
+        record[claim.name] = {"budget": budget, "status": state, "seeds": list(seeds)}
+        if state == "run":
+            jobs += claim_jobs(claim, budget, out, seeds, overrides)
+    return record, jobs
+
+
+def write_record(out: Path, record: dict[str, dict]) -> Path:
+    """Merge ``record`` into ``OUT/reproduce.json`` (claims run another time are kept)."""
+    path = out / PLAN_FILE
+    old: dict = {}
+    if path.exists():
+        try:
+            old = json.loads(path.read_text()).get("claims", {})
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            raise ProtoflError(f"{path} is not a reproduce record; remove it") from None
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"claims": {**old, **record}}, indent=1) + "\n")
+    return path
+
+
+def run_reproduce(names: str | None, budget: str, out: Path, jobs: int | None = None,
+                  seeds: tuple[int, ...] | None = None,
+                  overrides: dict[str, Any] | None = None) -> str:
+    """Run the claims named at ``budget`` and return their verdict tables (Markdown);
+    ``OUT/claims.md`` holds them too."""
+    from protofl.config import config_from_dict
+    from protofl.reproduce.tables import reproduction_markdown
+    from protofl.suites import execute
+
+    record, work = reproduce_plan(names, budget, out, seeds, overrides)
+    for raw, _ in work:
+        config_from_dict(raw)  # every config checked before anything runs
+    execute(work, jobs, f"reproduce ({budget})")
+    write_record(out, record)
+    text = reproduction_markdown([out], only=list(record))
+    (out / "claims.md").write_text(text + "\n")
+    return text

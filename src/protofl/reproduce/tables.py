@@ -1,0 +1,137 @@
+"""The claim tables of docs/reproduction.md from `protofl suite reproduce` folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from protofl.errors import ProtoflError
+from protofl.report.claims import MIN_SEEDS, paired, result_text
+from protofl.reproduce.claims import CLAIMS, Claim
+from protofl.reproduce.plan import PLAN_FILE
+
+
+def load_record(folder: Path) -> dict[str, dict]:
+    """``{claim: {budget, status, seeds}}`` from a reproduce folder's record."""
+    path = Path(folder) / PLAN_FILE
+    try:
+        record = json.loads(path.read_text())["claims"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ProtoflError(f"{folder} is not a `protofl suite reproduce` folder (no readable "
+                           f"{PLAN_FILE})") from None
+    return {name: {**entry, "folder": Path(folder)} for name, entry in record.items()}
+
+
+def merged_records(folders: list[Path]) -> dict[str, dict]:
+    """Per claim, the record of the largest budget that ran (else the last one given)."""
+    best: dict[str, dict] = {}
+    for folder in folders:
+        for name, entry in load_record(folder).items():
+            old = best.get(name)
+            ran, old_ran = entry["status"] == "run", old and old["status"] == "run"
+            if (old is None or (ran and not old_ran)
+                    or (ran and old_ran and entry["budget"] == "paper")):
+                best[name] = entry
+    return best
+
+
+def change_text(claim: Claim, entry: dict, res: dict[str, Any] | None, first: bool = True) -> str:
+    """What would change the verdict (or let the claim run at all)."""
+    if entry["status"] != "run":
+        return entry["status"].split(": ", 1)[-1]
+    notes = []
+    if entry["budget"] != "paper" and claim.pending:
+        notes.append(f"the short budget is a smoke test; the paper budget is pending: "
+                     f"{claim.pending}")
+    elif entry["budget"] != "paper" and claim.cost:
+        notes.append(f"the short budget is a smoke test; the paper budget (`"
+                     f"{claim.command('paper')}`) was too costly here: {claim.cost}")
+    elif entry["budget"] != "paper":
+        notes.append(f"the short budget is a smoke test: `{claim.command('paper')}`")
+    if res is not None and res["verdict"] == "inconclusive" and res["n"] >= MIN_SEEDS:
+        notes.append("more seeds (`--seeds`) to narrow the interval")
+    if res is not None and res["n"] < MIN_SEEDS:
+        notes.append(f"at least {MIN_SEEDS} seeds")
+    if claim.stand_in and first:
+        notes.append(f"a stand-in for {claim.stand_in}: the seed's data")
+    return "; ".join(notes) or "another protocol or reconstruction choice (see below)"
+
+
+SEED_TITLES = {"first": "First seed: Michieli & Ozay, prototype-guided FL (fedmargin)",
+               "second": "Second seed: Kumar, Garg & Sundaresan, FedProIn (fedproin)"}
+HEADER = ["| claim | protocol | budget run here | comparison (what differs) | result: "
+          "method − baseline, mean [95% t-interval] (method vs baseline) | verdict | what "
+          "would change it |", "|---|---|---|---|---|---|---|"]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def claim_rows(claim: Claim, entry: dict | None) -> list[str]:
+    """The table rows of one claim: one per (split, comparison) when it ran, else one."""
+    protocol = "; ".join(claim.sources)
+    if entry is None and claim.cost:
+        entry = {"status": f"not run here: too costly here, {claim.cost} (run "
+                           f"`{claim.command('paper')}`)", "budget": "-"}
+    elif entry is None:
+        entry = {"status": f"not run yet: run `{claim.command('paper')}`", "budget": "-"}
+    head = f"**{claim.name}**: {claim.statement} ({claim.metric})"
+    if entry["status"] != "run":
+        first = claim.comparisons[0]
+        state, change = entry["status"].split(":", 1)[0], change_text(claim, entry, None)
+        return [f"| {_cell(head)} | {_cell(protocol)} | none | {first.method} − "
+                f"{first.baseline} ({first.differs}) and {len(claim.comparisons) - 1} more | "
+                f"– | {state} | {_cell(change)} |"]
+    rows = []
+    seeds = entry.get("seeds", [])
+    budget = f"{entry['budget']}, seeds {', '.join(map(str, seeds))}"
+    for split in claim.splits:
+        for c in claim.comparisons:
+            res = paired(entry["folder"] / claim.name / split, c.method, c.baseline,
+                         claim.metric)
+            where = "" if split == "default" else f"{split}: "
+            lead = ["", "", ""] if rows else [_cell(head), _cell(protocol), budget]
+            if res["n"]:
+                result, word = result_text(res), f"**{res['verdict']}**"
+                change = change_text(claim, entry, res, first=not rows)
+            else:  # the suite was stopped before these variants ran
+                result, word = "no paired runs yet", "not run yet"
+                change = f"run `{claim.command(entry['budget'])}` to the end"
+            rows.append(f"| {' | '.join(lead)} | {where}{c.method} − {c.baseline} "
+                        f"({c.differs}) | {result} | {word} | {_cell(change)} |")
+    return rows
+
+
+def reproduction_markdown(folders: list[Path], only: list[str] | None = None) -> str:
+    """One table per seed over every claim (``only``: just these), from the reproduce
+    folders given (per claim the largest budget that ran)."""
+    records = merged_records([Path(f) for f in folders])
+    lines = []
+    for doc, title in SEED_TITLES.items():
+        claims = [c for c in CLAIMS.values() if c.seed_doc == doc
+                  and (only is None or c.name in only)]
+        if not claims:
+            continue
+        lines += [f"### {title}", "", *HEADER]
+        for claim in claims:
+            lines += claim_rows(claim, records.get(claim.name))
+        lines.append("")
+    return "\n".join(lines).rstrip("\n")
+
+
+def write_reproduction(folders: list[Path], md: Path, overwrite: bool = False) -> Path:
+    """Write (or update the generated section of) ``md`` with the claim tables."""
+    from protofl.report import outputs
+    from protofl.report.markdown import begin, end, merge_sections
+
+    md = Path(md)
+    if md.exists() and not overwrite:
+        raise ProtoflError(f"{md} exists; pass --overwrite to update its generated section")
+    outputs.writable(md)
+    name = "reproduction"
+    block = "\n".join([begin(name), "", reproduction_markdown(folders), "", end(name)])
+    old = md.read_text() if md.exists() else "# Reproduction\n"
+    outputs.write_text(md, merge_sections(old, {name: block}))
+    return md

