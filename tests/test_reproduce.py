@@ -9,7 +9,8 @@ import pytest
 
 from protofl.algorithms.registry import algorithm_class
 from protofl.cli import main
-from protofl.config import config_from_dict, load_raw, merge, resolve_defaults
+from protofl.config import config_from_dict, load_raw, merge
+from protofl.engine.spec import fill
 from protofl.errors import ProtoflError
 from protofl.reproduce import CLAIMS, claim_jobs, reproduce_plan, select
 
@@ -55,7 +56,7 @@ def test_seed_protocol_values():
 
 def _switches(raw):
     cfg = config_from_dict(raw)
-    c = resolve_defaults(cfg.clients, algorithm_class(cfg.algorithm).client_defaults)
+    c = fill(cfg.clients, algorithm_class(cfg.algorithm).client_defaults)
     return cfg.algorithm, cfg.algo.get("weights", "attention"), c.sampling, c.tolerate_partial
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from protofl import suites
 from protofl.algorithms.registry import algorithm_class
-from protofl.config import config_from_dict, merge, resolve_defaults
+from protofl.config import config_from_dict, merge
+from protofl.engine.spec import fill
 from protofl.suites import SUITES, plan, run_suite
 
 TINY = {"data": {"image_size": 16, "num_clients": 4, "max_samples": 60},
@@ -27,7 +28,7 @@ def test_plan():
         f"out/shapes-a1/central/seed{s}" for s in range(3)]
     for raw, folder in jobs:
         cfg = config_from_dict(raw)
-        c = resolve_defaults(cfg.clients, algorithm_class(cfg.algorithm).client_defaults)
+        c = fill(cfg.clients, algorithm_class(cfg.algorithm).client_defaults)
         # each method its own sampling: FedAvg uniform (but the labelled row), fedmargin ∝ n_k
         size_sampled = cfg.algorithm == "fedmargin" or folder.split("/")[2].endswith(
             "size-sampled")
