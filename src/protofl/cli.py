@@ -313,27 +313,26 @@ def cmd_data_fetch(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="protofl", description="Prototype-guided federated learning. " + NAMES_NOTE)
-    p.add_argument("-v", "--verbose", action="store_true", help="log more")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def config_args(q: argparse.ArgumentParser, with_out: bool = True) -> None:
+    """The options every command that takes a config shares."""
+    q.add_argument("config", nargs="?", help="YAML/JSON config (default: built-in defaults)")
+    q.add_argument("--algorithm", help="algorithm name (see 'protofl algorithms')")
+    q.add_argument("--dataset", help="dataset name (see 'protofl datasets')")
+    q.add_argument("--task", choices=TASKS,
+                   help="the task; the dataset must be one of it (default dataset for "
+                   "segmentation: shapes)")
+    q.add_argument("--rounds", type=int)
+    q.add_argument("--seed", type=int)
+    q.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config key, e.g. clients.lr=0.05 (repeatable)")
+    if with_out:
+        q.add_argument("--device", help="where to train: auto (CUDA when present), cpu, "
+                       "cuda, cuda:N or mps")
+        q.add_argument("--out", help="run folder (default: runs/<alg>_<data>_seed<s>_<time>)")
 
-    def config_args(q, with_out=True):
-        q.add_argument("config", nargs="?", help="YAML/JSON config (default: built-in defaults)")
-        q.add_argument("--algorithm", help="algorithm name (see 'protofl algorithms')")
-        q.add_argument("--dataset", help="dataset name (see 'protofl datasets')")
-        q.add_argument("--task", choices=TASKS,
-                       help="the task; the dataset must be one of it (default dataset for "
-                       "segmentation: shapes)")
-        q.add_argument("--rounds", type=int)
-        q.add_argument("--seed", type=int)
-        q.add_argument("--set", action="append", metavar="KEY=VALUE",
-                       help="override a config key, e.g. clients.lr=0.05 (repeatable)")
-        if with_out:
-            q.add_argument("--device", help="where to train: auto (CUDA when present), cpu, "
-                           "cuda, cuda:N or mps")
-            q.add_argument("--out", help="run folder (default: runs/<alg>_<data>_seed<s>_<time>)")
 
+def run_parsers(sub) -> None:
+    """``run`` and ``suite``: experiments."""
     q = sub.add_parser("run", help="run one experiment (default: fedmargin on Synthetic(1,1))",
                        epilog=_options_epilog(),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -350,6 +349,24 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     q.set_defaults(func=cmd_run)
 
+    q = sub.add_parser("suite", help="run a named grid of experiments and compare them")
+    q.add_argument("name", help="suite name (see 'protofl suites')")
+    q.add_argument("--out", help="folder (default: runs/<name>)")
+    q.add_argument("--jobs", type=int, help="parallel processes (default: CPU count)")
+    q.add_argument("--seeds", help="comma-separated seeds (default: the suite's)")
+    q.add_argument("--rounds", type=int, help="override every run's rounds")
+    q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override every run")
+    q.add_argument("--device", help="every run's device (auto, cpu, cuda, cuda:N or mps)")
+    q.add_argument("--claims", help="reproduce: comma-separated claims (default: all; see "
+                   "docs/reproduction.md)")
+    q.add_argument("--budget", choices=("short", "paper"), default="short",
+                   help="reproduce and heterogeneous: short (minutes) or paper (the paper's "
+                   "protocol)")
+    q.set_defaults(func=cmd_suite)
+
+
+def report_parsers(sub) -> None:
+    """``compare``, ``report``, ``segfigure`` and ``tsne``: read run folders."""
     q = sub.add_parser("compare", help="table (mean ± std over seeds) and curves of runs")
     q.add_argument("dirs", nargs="+", help="run folders, or folders holding run folders")
     q.add_argument("--out", help="write the table here (Markdown) with .json and curve PNGs "
@@ -373,21 +390,26 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--overwrite", action="store_true", help="replace existing output files")
     q.set_defaults(func=cmd_report)
 
-    q = sub.add_parser("suite", help="run a named grid of experiments and compare them")
-    q.add_argument("name", help="suite name (see 'protofl suites')")
-    q.add_argument("--out", help="folder (default: runs/<name>)")
-    q.add_argument("--jobs", type=int, help="parallel processes (default: CPU count)")
-    q.add_argument("--seeds", help="comma-separated seeds (default: the suite's)")
-    q.add_argument("--rounds", type=int, help="override every run's rounds")
-    q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override every run")
-    q.add_argument("--device", help="every run's device (auto, cpu, cuda, cuda:N or mps)")
-    q.add_argument("--claims", help="reproduce: comma-separated claims (default: all; see "
-                   "docs/reproduction.md)")
-    q.add_argument("--budget", choices=("short", "paper"), default="short",
-                   help="reproduce and heterogeneous: short (minutes) or paper (the paper's "
-                   "protocol)")
-    q.set_defaults(func=cmd_suite)
+    q = sub.add_parser("segfigure", help="the seed's qualitative segmentation figure: "
+                       "prediction and entropy maps of runs' final models on fixed test images")
+    q.add_argument("dirs", nargs="+", help="segmentation run folders (e.g. fedavg, fedmargin "
+                   "and central on one split), or folders holding them")
+    q.add_argument("--out", required=True, help="the PNG to write")
+    q.add_argument("--images", type=int, default=4, help="test images (rows)")
+    q.add_argument("--title", help="the figure's title (default: the dataset)")
+    q.add_argument("--overwrite", action="store_true", help="replace an existing file")
+    q.set_defaults(func=cmd_segfigure)
 
+    q = sub.add_parser("tsne", help="t-SNE of a run's final features per class (Fig. S3; "
+                       "segmentation: sampled pixels, background left out)")
+    q.add_argument("dir", help="a run folder with its checkpoint")
+    q.add_argument("--samples", type=int, default=1000, help="global-test samples to embed")
+    q.set_defaults(func=cmd_tsne)
+
+
+def listing_parsers(sub) -> None:
+    """``algorithms``, ``datasets``, ``suites``, ``options``, ``docs``, ``stats`` and
+    ``data``: what protofl has and can get."""
     q = sub.add_parser("algorithms", help="list the algorithms")
     q.add_argument("--verbose", dest="details", action="store_true",
                    help="also each algorithm's paper settings of clients.* and its options")
@@ -420,21 +442,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=cmd_data_fetch)
 
-    q = sub.add_parser("segfigure", help="the seed's qualitative segmentation figure: "
-                       "prediction and entropy maps of runs' final models on fixed test images")
-    q.add_argument("dirs", nargs="+", help="segmentation run folders (e.g. fedavg, fedmargin "
-                   "and central on one split), or folders holding them")
-    q.add_argument("--out", required=True, help="the PNG to write")
-    q.add_argument("--images", type=int, default=4, help="test images (rows)")
-    q.add_argument("--title", help="the figure's title (default: the dataset)")
-    q.add_argument("--overwrite", action="store_true", help="replace an existing file")
-    q.set_defaults(func=cmd_segfigure)
 
-    q = sub.add_parser("tsne", help="t-SNE of a run's final features per class (Fig. S3; "
-                       "segmentation: sampled pixels, background left out)")
-    q.add_argument("dir", help="a run folder with its checkpoint")
-    q.add_argument("--samples", type=int, default=1000, help="global-test samples to embed")
-    q.set_defaults(func=cmd_tsne)
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="protofl", description="Prototype-guided federated learning. " + NAMES_NOTE)
+    p.add_argument("-v", "--verbose", action="store_true", help="log more")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run_parsers(sub)
+    report_parsers(sub)
+    listing_parsers(sub)
     return p
 
 

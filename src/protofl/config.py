@@ -130,8 +130,9 @@ def _base(hint: Any) -> Any:
 @dataclass
 class DataConfig:
     name: str = option("synthetic", "dataset (see `protofl datasets`)")
-    seed: int = option(0, "seed of the data generation and partition (fixed across run seeds, "
-                          "so seeds vary training only)", ge=0, le=SEED_MAX)
+    seed: int = option(0, "seed of the data generation and partition (the suites set it to "
+                          "the run seed, so each seed has its own partition)", ge=0,
+                       le=SEED_MAX)
     root: str | None = option(None, "folder (or file) holding a real dataset's files", path=True)
     num_clients: int | None = option(None, "number of clients (null: the dataset's own)", ge=1)
     partition: str | None = option(
