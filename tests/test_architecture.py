@@ -230,3 +230,13 @@ def test_config_json_is_the_resolved_config(tmp_path):
             a["clients"]["local_epochs"]) == ("sgd", 0.01, 10, 1)  # the fallbacks
     again = config_from_dict(a)  # a resolved config is a valid config that resolves to itself
     assert dataclasses.asdict(again) == a
+
+
+def test_no_function_is_over_60_lines():
+    long = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if node.end_lineno - node.lineno + 1 > 60:
+                    long.append(f"{name}.{node.name}")
+    assert long == []
