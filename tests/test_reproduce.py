@@ -125,7 +125,7 @@ def test_short_budget_end_to_end(tmp_path, capsys):
     assert "First seed" in doc and "Second seed" in doc and "**celeba**" in doc
     assert "<!-- protofl report reproduction: begin" in doc
     assert main(["suite", "main", "--claims", "digits"]) == 2
-    assert "--claims and --budget are options of 'protofl suite reproduce'" in (
+    assert "--claims is an option of 'protofl suite reproduce'" in (
         capsys.readouterr().err)
 
 
