@@ -109,12 +109,14 @@ def test_the_aggregation_stack_is_chosen_once_from_the_spec(privacy, want):
     agg = stack(fed.spec, fed.alg, fed.data.num_clients, fed.state)
     assert layers_of(agg) == want
     assert (agg.client_hook() is None) == ("noise" not in privacy and "secagg" not in privacy)
-    noised = [a for a in [agg, getattr(agg, "inner", None)] if a is not None]
-    if want[-1] == "SumOfContributions":
-        core = noised[-1].inner if hasattr(noised[-1], "inner") else noised[-1]
-        assert isinstance(core, private.SumOfContributions)
-        assert (core.noise is not None) == (privacy.get("noise_multiplier", 0) > 0
-                                            and privacy.get("noise") != "client")
+    core = agg
+    while hasattr(core, "inner"):
+        core = core.inner
+    server_noise = privacy.get("noise_multiplier", 0) > 0 and privacy.get("noise") != "client"
+    if isinstance(core, private.SumOfContributions):
+        assert (core.noise is not None) == server_noise
+    assert agg.noised == (privacy.get("noise_multiplier", 0) > 0)
+    assert agg.private == bool(privacy)
 
 
 def test_the_round_loop_has_no_privacy_branch():

@@ -165,6 +165,12 @@ class FederatedData:
     def train_sizes(self) -> np.ndarray:
         return np.diff(self.train_offsets)
 
+    @property
+    def sizes_known(self) -> bool:
+        """Whether ``train_sizes`` is known (a Flower site federation's is once its nodes
+        report)."""
+        return True
+
     def client_train(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         a, b = self.train_offsets[k], self.train_offsets[k + 1]
         return self.x_train[a:b], self.y_train[a:b]

@@ -154,6 +154,10 @@ class SiteFederation(FederatedData):
                                "their SuperNodes join; run it on Flower (docs/flower.md)")
         return self.sizes
 
+    @property
+    def sizes_known(self) -> bool:
+        return self.sizes is not None
+
     def set_sizes(self, sizes: np.ndarray) -> None:
         sizes = np.asarray(sizes, dtype=np.int64)
         if sizes.shape != (self.num_clients,) or (sizes < 0).any():

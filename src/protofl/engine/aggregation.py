@@ -12,10 +12,10 @@ The round loop talks to one :class:`Aggregation` and never asks whether the run 
   client's upload needs it), ``noised``: whether the aggregate carries DP noise, and
   ``state_dict`` / ``load_state_dict`` (checkpointed).
 
-:class:`Plain` is the algorithm's rule over the uploads. Client-level DP and secure sums are
-the layers of ``engine/private.py`` (contributions clipped on the server or computed on the
-clients, their sum with the server's noise, the accountant), stacked by :func:`stack` as
-TensorFlow Federated composes aggregation factories.
+:class:`Aggregation` itself is the algorithm's rule over the uploads. Client-level DP and
+secure sums are the layers of ``engine/private.py`` (contributions clipped on the server or
+computed on the clients, their sum with the server's noise, the accountant), stacked by
+:func:`stack` as TensorFlow Federated composes aggregation factories.
 """
 
 from __future__ import annotations
@@ -67,9 +67,6 @@ class Aggregation:
         pass
 
 
-Plain = Aggregation
-
-
 def stack(cfg: Config, alg: Algorithm, num_clients: int, state: Tensors) -> Aggregation:
     """The run's aggregation: plain, or the privacy layers its ``privacy`` section asks for
     (checked against the algorithm first: one line for what is not covered)."""
@@ -77,5 +74,5 @@ def stack(cfg: Config, alg: Algorithm, num_clients: int, state: Tensors) -> Aggr
 
     private.check(cfg, alg)
     if not private.dp_on(cfg) and not cfg.privacy.secagg:
-        return Plain(alg)
+        return Aggregation(alg)
     return private.layers(cfg, alg, num_clients, state)

@@ -56,9 +56,8 @@ class Federation:
 
 def info(data: FederatedData) -> FederationInfo:
     """The read-only description of ``data`` an algorithm is built with."""
-    sizes = getattr(data, "sizes", True)  # a site federation's are None until nodes join
-    return FederationInfo(data.num_clients, data.num_classes, None if sizes is None else
-                          tuple(int(n) for n in data.train_sizes))
+    sizes = tuple(int(n) for n in data.train_sizes) if data.sizes_known else None
+    return FederationInfo(data.num_clients, data.num_classes, sizes)
 
 
 def local_setup(spec: RunSpec, device: torch.device) -> LocalSetup:

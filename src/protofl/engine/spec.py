@@ -128,6 +128,8 @@ def resolve(cfg: Config, data: FederatedData) -> RunSpec:
                       "data": data_cfg, "clients": clients,
                       "model": cfg.model if hetero.requested(cfg.model) else resolve_model(cfg),
                       "metrics": fill(cfg.metrics, {"save_weights": data_cfg.pooled})})
+    if spec.threads is not None and not hetero.requested(spec.model):
+        return spec
     alg, model = meta_algorithm(spec, data)
     spec = dataclasses.replace(spec, model=dataclasses.replace(
         model, pretrained=spec.model.pretrained))  # a heterogeneous run's groups named
