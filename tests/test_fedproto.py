@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from protofl.algorithms.base import split_state, validate_upload
+from protofl.algorithms.capabilities import personalized
 from protofl.algorithms.fedproto import nearest_prototype_scores, prototype_regulariser
 from protofl.algorithms.registry import make_algorithm
 from protofl.errors import ProtoflError
@@ -30,7 +31,7 @@ def test_regulariser_by_hand():
 
 def test_loss_is_ce_plus_lambda_mse():
     alg, model = _alg(lam=1.0)
-    assert alg.opts.lam == 1.0 and alg.personalized
+    assert alg.opts.lam == 1.0 and personalized(alg)
     x = torch.tensor([[0.5, -1.0], [1.0, 2.0], [-1.0, 0.3], [0.2, 0.2]])
     y = torch.tensor([0, 1, 2, 1])
     w = torch.tensor([1.0, 1.0, 1.0, 0.0])

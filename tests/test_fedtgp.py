@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from protofl.algorithms.capabilities import personalized
 from protofl.algorithms.fedtgp import (
     adaptive_margin,
     generate,
@@ -69,7 +70,7 @@ def test_aggregate_seeded_by_round_and_present():
     torch.manual_seed(0)
     model = Mlp(2, 3, hidden=(4, 2))
     alg = make_algorithm("fedtgp", {"server_epochs": 3, "server_batch": 1}, model, 3)
-    assert alg.opts.lam == 10.0 and alg.opts.server_epochs == 3 and alg.personalized
+    assert alg.opts.lam == 10.0 and alg.opts.server_epochs == 3 and personalized(alg)
     state = alg.init_state(model)
     up = {"protos": torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]),
           "counts": torch.tensor([2.0, 5.0, 0.0]), "num_samples": torch.tensor(7.0)}

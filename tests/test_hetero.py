@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from protofl.algorithms.capabilities import personalized
 from protofl.config import ModelConfig, config_from_dict
 from protofl.errors import ProtoflError
 from protofl.models import families
@@ -94,7 +95,7 @@ def test_every_client_trains_and_is_scored_with_its_own_model(algorithm):
     exp = Experiment(hetero_cfg(algorithm, algo=algo))
     summary = exp.run()
     groups = exp.alg.groups
-    assert exp.cfg.model.name == "heterogeneous" and exp.alg.personalized
+    assert exp.cfg.model.name == "heterogeneous" and personalized(exp.alg)
     assert sorted(exp.client_states) == list(range(6))
     for k, st in exp.client_states.items():  # each keeps the weights of its own model
         model = groups.models[groups.of(k)]

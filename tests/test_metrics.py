@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from protofl.algorithms.base import split_state
+from protofl.algorithms.capabilities import personalized
 from protofl.data.synthetic import synthetic_federation
 from protofl.metrics.classification import report
 from protofl.metrics.federated import aggregate_mean_margin, gradient_dissimilarity
@@ -181,7 +182,7 @@ def test_personalised_clients_use_their_own_models():
     torch.manual_seed(0)
     model = Mlp(60, 10, hidden=(8,))
     alg = make_algorithm("fedproto", {}, model, 10)
-    assert alg.personalized
+    assert personalized(alg)
     params, buffers = split_state(model)
     zero = {k: torch.zeros_like(v) for k, v in params.items()}
     state = alg.init_state(model)

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from protofl.algorithms.base import forward, split_state
+from protofl.algorithms.capabilities import prototypes
 from protofl.algorithms.moon import contrastive_term, projected
 from protofl.algorithms.registry import make_algorithm
 from protofl.errors import ProtoflError
@@ -151,8 +152,8 @@ def test_paper_network_classifies_the_projection():
         want = h @ model.classifier.weight.T + model.classifier.bias
     assert torch.allclose(z, want_z) and torch.allclose(logits, want, atol=1e-6)
     assert torch.allclose(projected(model, params, buffers, x)[0], h, atol=1e-6)
-    protos, _ = alg.prototypes({"params": params, "buffers": buffers},
-                               lambda: (x, torch.tensor([0, 1, 2, 0, 1])))
+    protos, _ = prototypes(alg, {"params": params, "buffers": buffers},
+                           lambda: (x, torch.tensor([0, 1, 2, 0, 1])))
     assert protos.shape == (3, 6)  # prototypes of z, not of h
     assert alg.wrap_model(plain) is model and alg.wrap_model(model) is model
 

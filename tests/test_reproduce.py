@@ -85,11 +85,10 @@ def test_first_seed_variants_isolate_sampling_partial_work_and_weighting():
 
 
 def test_absent_data_is_reported_not_run(tmp_path):
-    record, jobs = reproduce_plan("mnist,voc,ham10000,shapes,digits", "paper", tmp_path)
+    record, jobs = reproduce_plan("mnist,voc,ham10000,digits", "paper", tmp_path)
     for name in ("mnist", "voc", "ham10000"):
         assert record[name]["status"].startswith("not run here: needs ")
         assert f"protofl suite reproduce --claims {name} --budget paper" in record[name]["status"]
-    assert record["shapes"]["status"].startswith("pending")
     assert record["digits"]["status"] == "run" and record["digits"]["seeds"] == [0, 1, 2, 3, 4]
     assert {Path(f).parts[-4] for _, f in jobs} == {"digits"}
     # the headline pair comes first, seed by seed
@@ -117,7 +116,8 @@ def test_short_budget_end_to_end(tmp_path, capsys):
     assert "inconclusive" in text  # one seed: never decisive
     assert "| not run here | needs MNIST" in text
     record = json.loads((out / "reproduce.json").read_text())["claims"]
-    assert record["synthetic"] == {"budget": "short", "status": "run", "seeds": [0]}
+    assert record["synthetic"] == {"budget": "short", "status": "run", "seeds": [0],
+                                   "splits": ["default"]}
     assert len(list(out.rglob("summary.json"))) == 6
     md = tmp_path / "reproduction.md"
     assert main(["report", str(out), "--reproduction", str(md)]) == 0
@@ -125,7 +125,27 @@ def test_short_budget_end_to_end(tmp_path, capsys):
     assert "First seed" in doc and "Second seed" in doc and "**celeba**" in doc
     assert "<!-- protofl report reproduction: begin" in doc
     assert main(["suite", "main", "--claims", "digits"]) == 2
-    assert "--claims is an option of 'protofl suite reproduce'" in (
+    assert "--claims and --splits are options of 'protofl suite reproduce'" in (
+        capsys.readouterr().err)
+
+
+def test_shapes_starts_from_an_encoder_pretrained_before_its_runs(tmp_path, capsys):
+    out = tmp_path / "rep"
+    assert main(["suite", "reproduce", "--claims", "shapes", "--splits", "a0.1", "--budget",
+                 "short", "--seeds", "0", "--rounds", "1", "--jobs", "1", "--out",
+                 str(out)]) == 0
+    encoder = out / "encoders" / "shapes-short.pth"
+    assert encoder.is_file() and (out / "encoders" / "shapes-short.pth.json").is_file()
+    runs = sorted(out.rglob("config.json"))
+    assert {p.parts[-4] for p in runs} == {"a0.1"} and len(runs) == 4  # 4 variants, 1 split
+    model = json.loads(runs[0].read_text())["model"]
+    assert model["pretrained"] == str(encoder.resolve()) and model["norm"] == "frozen"
+    record = json.loads((out / "reproduce.json").read_text())["claims"]["shapes"]
+    assert record["splits"] == ["a0.1"]
+    text = capsys.readouterr().out
+    assert "a0.1: fedmargin − fedavg" in text and "a0.01:" not in text
+    assert main(["suite", "reproduce", "--claims", "shapes", "--splits", "a5"]) == 2
+    assert "--splits: claim shapes has no split 'a5'; it has a0.01, a0.1, a1" in (
         capsys.readouterr().err)
 
 
@@ -137,7 +157,8 @@ def test_tables_take_the_largest_budget_that_ran(tmp_path):
     write_record(short, {"digits": {"budget": "short", "status": "run", "seeds": [0]},
                          "shapes": {"budget": "short", "status": "run", "seeds": [0]}})
     write_record(paper, {"digits": {"budget": "paper", "status": "run", "seeds": [0]},
-                         "shapes": {"budget": "paper", "status": "pending: x", "seeds": []}})
+                         "shapes": {"budget": "paper", "status": "not run here: x",
+                                    "seeds": []}})
     write_record(paper, {"mnist": {"budget": "paper", "status": "not run here: y",
                                    "seeds": []}})  # merged into the record, not replacing it
     best = merged_records([paper, short])

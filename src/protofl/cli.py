@@ -151,12 +151,14 @@ def cmd_suite(args) -> int:
         from protofl.reproduce import run_reproduce
 
         out = _path(args.out or f"runs/reproduce-{args.budget}")
+        splits = tuple(s.strip() for s in args.splits.split(",") if s.strip()) if (
+            args.splits) else None
         print(run_reproduce(args.claims, args.budget, out, args.jobs, _seeds(args.seeds),
-                            overrides))
+                            overrides, splits))
         print(f"verdicts: {out / 'claims.md'}")
         return 0
-    if args.claims:
-        raise ProtoflError("--claims is an option of 'protofl suite reproduce'")
+    if args.claims or args.splits:
+        raise ProtoflError("--claims and --splits are options of 'protofl suite reproduce'")
     name = budget_name(args.name, args.budget)
     out = _path(args.out or f"runs/{name}")
     print(run_suite(name, out, args.jobs, _seeds(args.seeds), overrides))
@@ -359,6 +361,8 @@ def run_parsers(sub) -> None:
     q.add_argument("--device", help="every run's device (auto, cpu, cuda, cuda:N or mps)")
     q.add_argument("--claims", help="reproduce: comma-separated claims (default: all; see "
                    "docs/reproduction.md)")
+    q.add_argument("--splits", help="reproduce: comma-separated splits of the claims named "
+                   "(default: all; e.g. a0.1)")
     q.add_argument("--budget", choices=("short", "paper"), default="short",
                    help="reproduce and heterogeneous: short (minutes) or paper (the paper's "
                    "protocol)")

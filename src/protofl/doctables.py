@@ -9,6 +9,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from protofl.algorithms.capabilities import sums, sums_reason
 from protofl.algorithms.registry import ALGORITHMS, ALIASES, algorithm_class, make_algorithm
 from protofl.config import declared, markdown_table
 from protofl.errors import ProtoflError
@@ -40,13 +41,13 @@ def privacy_support(name: str) -> str:
     alg = make_algorithm(name, {}, Mlp(4, 3, hidden=(5,)), 3)
     if cls.data_defaults.get("pooled"):
         return "refused: trained on the pooled data"
-    reason = alg.sums_reason()
+    reason = sums_reason(alg)
     if not reason:
         return "DP (server or client noise) and secure sums"
     others = [k for k, e in alg.upload_spec().items() if e.kind == "other"]
-    if (cls.needs_individual or others) and not cls.private_fallback:
+    if not sums(alg) or others:
         return f"refused: {reason}"
-    fallback = f" ({cls.private_fallback})" if cls.private_fallback else ""
+    fallback = f" ({alg.fallback})" if alg.fallback else ""
     return f"DP with server noise only{fallback}; no secure sums: {reason}"
 
 

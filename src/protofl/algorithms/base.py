@@ -18,12 +18,12 @@ serialisable, checkpointed, and sent as Flower records as they are.
 An algorithm also says what the rest of protofl may know about it, so nothing outside it
 names its keys: ``upload_spec`` (every upload entry's shape, which are counts, and what each
 is: weights, prototypes and the counts weighing them, ... for DP and secure sums; an upload
-is at most two levels deep), ``prototypes`` (the class prototypes an upload stands for),
-``client_weights`` (the model an upload stands for, if it holds one), ``global_weights`` and
-``eval_weights`` (the weights the server evaluates), ``pipeline`` (how its clients batch
-their data), ``client_defaults`` (its paper's local-training settings), and for client-level
-DP and secure aggregation ``client_weight`` / ``client_weight_bound`` (its aggregation weight
-per client), ``sums_reason`` and ``aggregate_private`` (docs/privacy.md). Example (FedAvg,
+is at most two levels deep), ``client_weights`` (the model an upload stands for, if it holds
+one), ``global_weights`` and ``eval_weights`` (the weights the server evaluates),
+``pipeline`` (how its clients batch their data) and ``client_defaults`` (its paper's
+local-training settings). What only some methods can do (a server rule of sums over clients
+for DP and secure aggregation, uploaded prototypes, personalised models) are capabilities it
+inherits and implements (``algorithms/capabilities.py``). Example (FedAvg,
 one round, two clients)::
 
     alg = make_algorithm("fedavg", {}, model, num_classes=10)
@@ -190,16 +190,11 @@ class Algorithm:
     # where they come from (shown by `protofl algorithms --verbose`)
     client_defaults: ClassVar[dict[str, Any]] = {}
     client_defaults_source: ClassVar[str] = ""
-    personalized: ClassVar[bool] = False  # each client keeps and is evaluated with its own model
     data_defaults: ClassVar[dict[str, Any]] = {}  # `data.*` settings it implies (central: pooled)
     # the tasks (protofl.config.TASKS) its loss and uploads are written for; the engine
     # refuses the others. Per-sample feature terms (contrastive, prototype heads) make an
     # algorithm classification-only.
     tasks: ClassVar[tuple[str, ...]] = ("classification",)
-    # client-level DP and secure sums (docs/privacy.md): why the server rule needs each client's
-    # upload ("" when sums over clients do), and what DP feeds such a rule instead ("": refused)
-    needs_individual: ClassVar[str] = ""
-    private_fallback: ClassVar[str] = ""
 
     def __init__(self, options: dict[str, Any], model: ProtoNet, num_classes: int,
                  federation: FederationInfo | None = None):
@@ -259,48 +254,13 @@ class Algorithm:
             "buffers") else {}
         return new, {"weights": a.tolist(), **diag}
 
-    def client_weight(self, upload: Tensors, state: Tensors | None) -> torch.Tensor:
-        """Client k's unnormalised aggregation weight: its model counts ``w_k / sum_j w_j``
-        (FedAvg: ``n_k``). Depends on its own upload and the server state only, so the server
-        rule is a ratio of sums over clients (``state`` is None on a client)."""
-        return upload["num_samples"].to(torch.float64)
-
-    def client_weight_bound(self) -> float | None:
-        """The largest ``client_weight`` can be; None when unbounded (``n_k``), which DP
-        replaces by uniform weights."""
-        return None
-
-    def sums_reason(self) -> str:
-        """Why the server needs each client's upload individually; "" when sums over clients
-        do (secure aggregation and client-side DP noise need "")."""
-        if self.needs_individual:
-            return self.needs_individual
-        for key, entry in self.upload_spec().items():
-            if entry.kind in ("score", "other"):
-                return f"its server reads {key!r} of each client ({KINDS[entry.kind]})"
-        return ""
-
-    def aggregate_private(self, state: Tensors, mean: Tensors, round: int
-                          ) -> tuple[Tensors, Tensors]:
-        """New server state from an estimate of the round's aggregate shaped as one upload
-        (the averaged weights, the averaged prototypes, their total counts with 0 where a row
-        had none): client-level DP and secure sums feed the rule this instead of the uploads.
-        Default: ``aggregate`` of that one upload; an algorithm whose rule reads ``score``
-        entries overrides it."""
-        return self.aggregate(state, [mean], round)
-
     def global_weights(self, state: Tensors) -> Weights | None:
         """The aggregate model's weights (None for personalised methods, which have none)."""
         return {"params": state["params"], "buffers": state["buffers"]}
 
     def eval_weights(self, state: Tensors, client_state: Tensors) -> Weights | None:
-        """The weights a client's local test split is scored with: the aggregate model's, or
-        (personalised methods) the client's own, and for a client that has not trained yet
-        the weights it would start from (``local_start`` of this state's broadcast)."""
-        if self.personalized:
-            if "params" in client_state:
-                return {"params": client_state["params"], "buffers": client_state["buffers"]}
-            return self.local_start(self.broadcast(state), client_state)
+        """The weights a client's local test split is scored with: the aggregate model's
+        (``capabilities.Personalized``: the client's own)."""
         return self.global_weights(state)
 
     # ---- client side ----
@@ -356,16 +316,6 @@ class Algorithm:
         """The weights of the model a client trained, as its upload holds them (FFD and other
         feature analyses); None when uploads hold no weights (personalised methods)."""
         return {"params": upload["params"], "buffers": upload["buffers"]}
-
-    def prototypes(self, upload: Tensors,
-                   data: Callable[[], tuple[torch.Tensor, torch.Tensor]]
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The class prototypes ``(C, d)`` and class counts ``(C,)`` an upload stands for (AMM
-        and the feature analyses): by default the class means of the uploaded model's features
-        on the client's data ``x, y = data()``; algorithms that upload prototypes return those
-        (and never load the data)."""
-        return class_prototypes(self.model, upload["params"], upload["buffers"], *data(),
-                                self.num_classes)
 
     # ---- evaluation ----
     def predict(self, model: ProtoNet, params: Tensors, buffers: Tensors, state: Tensors,

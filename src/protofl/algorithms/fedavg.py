@@ -8,10 +8,11 @@ from typing import TypedDict
 import torch
 
 from protofl.algorithms.base import Algorithm, Tensors
+from protofl.algorithms.capabilities import Sums
 from protofl.config import TASKS, option
 
 
-class FedAvg(Algorithm):
+class FedAvg(Sums, Algorithm):
     name = "fedavg"
     description = "FedAvg (McMahan et al.): W = sum n_k W_k / sum n_k; stragglers dropped"
     tasks = TASKS
@@ -31,7 +32,7 @@ class ProxContext(TypedDict):
     anchor: Tensors  # the received global parameters W^t
 
 
-class FedProx(Algorithm):
+class FedProx(Sums, Algorithm):
     name = "fedprox"
     description = "FedProx (Li et al.): local loss + mu/2 ||W - W^t||^2; partial work tolerated"
     Options = ProxOptions
@@ -59,7 +60,7 @@ class FedAtt(Algorithm):
     description = "FedAtt (Ji et al.): per-layer softmax attention over ||w - w_k||, step epsilon"
     Options = AttOptions
     tasks = TASKS
-    needs_individual = "its attention is a softmax over each client's distance to the model"
+    individual = "its attention is a softmax over each client's distance to the model"
 
     def aggregate(self, state, uploads, round):
         new, diag = super().aggregate(state, uploads, round)  # buffers (if any) by FedAvg

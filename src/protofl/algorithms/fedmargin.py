@@ -33,6 +33,7 @@ from protofl.algorithms.base import (
     class_prototypes,
     sample_weights,
 )
+from protofl.algorithms.capabilities import Prototypes, Sums
 from protofl.config import TASKS, option
 
 
@@ -114,7 +115,7 @@ def attention(lpm: torch.Tensor, apm: torch.Tensor, opts: MarginOptions) -> torc
     return raw / raw.sum()
 
 
-class FedMargin(Algorithm):
+class FedMargin(Prototypes, Sums, Algorithm):
     name = "fedmargin"
     description = ("fedmargin (Michieli & Ozay, the first seed's 'FedProto'; alias pgfl): "
                    "prototype-margin attention, weighted sampling, partial work tolerated")
@@ -255,5 +256,3 @@ class FedMargin(Algorithm):
             spec["protos_before"] = UploadEntry((c, d), kind="score")
         return spec
 
-    def prototypes(self, upload, data):
-        return upload["protos"], upload["counts"]

@@ -57,6 +57,7 @@ from protofl.algorithms.base import (
     forward,
     weighted_mean,
 )
+from protofl.algorithms.capabilities import Sums
 from protofl.algorithms.moon import contrastive_term
 from protofl.algorithms.prototype_math import EPS
 from protofl.config import option
@@ -185,7 +186,7 @@ def influence_aggregate(protos: torch.Tensor, influence: torch.Tensor, previous:
     return flat.reshape(c, m, d)
 
 
-class FedProIn(Algorithm):
+class FedProIn(Sums, Algorithm):
     name = "fedproin"
     description = ("fedproin (Kumar et al. 2026): learnable prototypes, feature-divergence and "
                    "prototype-contrastive losses, influence-weighted prototype aggregation")

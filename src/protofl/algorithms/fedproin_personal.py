@@ -2,7 +2,7 @@
 
 What fedproin becomes when clients train different models (``model.per_client`` /
 ``model.family``; protofl's adaptation, not a setting of the paper): no encoder is averaged
-(they differ), so every client keeps its own encoder and head (``personalized``) and the
+(they differ), so every client keeps its own encoder and head (``Personalized``) and the
 server aggregates only the learnable prototypes ``P (C, M, d)``, by normalised influence
 (NIA) or, with ``nia: false``, by ``n_k``. A client's round starts from its own encoder (the
 common initial weights of its model before its first round) and the global prototypes. The
@@ -20,12 +20,11 @@ from __future__ import annotations
 import torch
 
 from protofl.algorithms.base import UploadEntry, sample_weights, split_state
+from protofl.algorithms.capabilities import Personalized, Prototypes
 from protofl.algorithms.fedproin import FedProIn, influence_aggregate
 
 
-class PersonalFedProIn(FedProIn):
-    personalized = True
-    heterogeneous = True
+class PersonalFedProIn(Personalized, Prototypes, FedProIn):
 
     def init_state(self, model):
         params, buffers = split_state(model)
@@ -73,13 +72,7 @@ class PersonalFedProIn(FedProIn):
                 "influence": UploadEntry((c, m), count=True, kind="counts"),
                 "num_samples": UploadEntry((), count=True, kind="size")}
 
-    def global_weights(self, state):
-        return None  # every client keeps its own encoder
-
-    def client_weights(self, upload):
-        return None  # clients upload prototypes only
-
-    def prototypes(self, upload, data):
+    def prototypes(self, upload):
         """Per class the influence-weighted mean of its M prototypes, and its total
         influence."""
         p, i = upload["params"]["prototypes"], upload["influence"].to(

@@ -1,9 +1,9 @@
 """FedProto (Tan et al., AAAI 2022; not the first seed's method, which is ``fedmargin``).
 
-No model averaging: every client keeps its own model (``personalized``), starting from the
-common initial model, and is evaluated on its own test split. Clients exchange only class
-prototypes. Local loss ``CE + lambda * MSE(f(x), C^y)`` (MSE = mean over the d channels),
-with no regulariser for classes that have no global prototype yet. Server:
+No model averaging: every client keeps its own model (``capabilities.Personalized``),
+starting from the common initial model, and is evaluated on its own test split. Clients
+exchange only class prototypes. Local loss ``CE + lambda * MSE(f(x), C^y)`` (MSE = mean over
+the d channels), with no regulariser for classes that have no global prototype yet. Server:
 ``C^c = mean over the clients holding c of their prototypes`` (unweighted); a class no active
 client holds keeps its previous global prototype. Inference: the nearest global prototype
 (Euclidean), or the client head's logits while no global prototype exists.
@@ -31,6 +31,7 @@ from protofl.algorithms.base import (
     split_state,
     weighted_mean,
 )
+from protofl.algorithms.capabilities import Personalized, Prototypes, Sums
 from protofl.config import option
 
 FAR = 1e4  # score penalty of classes without a global prototype (finite: keeps CE finite)
@@ -68,13 +69,11 @@ def nearest_prototype_scores(z: torch.Tensor, protos: torch.Tensor, present: tor
     return -dist - FAR * (present <= 0).to(z.dtype)
 
 
-class FedProto(Algorithm):
+class FedProto(Personalized, Prototypes, Sums, Algorithm):
     name = "fedproto"
     description = ("FedProto (Tan et al. 2022; not the seed's method): personalised models, "
                    "CE + lambda MSE to global class prototypes, nearest-prototype inference")
     Options = FedProtoOptions
-    personalized = True
-    heterogeneous = True  # prototypes only: clients may train different models (engine/hetero.py)
 
     def init_state(self, model) -> FedProtoState:
         params, buffers = split_state(model)
@@ -97,13 +96,6 @@ class FedProto(Algorithm):
         return new, {"classes": holds.sum(0).tolist()}
 
     # ---- client ----
-    def global_weights(self, state):
-        return None  # no global model: every client keeps its own
-
-    def local_start(self, broadcast, client_state):
-        own = client_state if "params" in client_state else broadcast["init"]
-        return {"params": own["params"], "buffers": own["buffers"]}
-
     def client_begin(self, model, broadcast, client_state, x, y):
         return {"protos": broadcast["protos"], "present": broadcast["present"]}
 
@@ -125,12 +117,6 @@ class FedProto(Algorithm):
                                       kind="prototypes", weighed_by="counts"),
                 "counts": UploadEntry((self.num_classes,), count=True, kind="presence"),
                 "num_samples": UploadEntry((), count=True, kind="size")}
-
-    def client_weights(self, upload):
-        return None  # clients upload prototypes only
-
-    def prototypes(self, upload, data):
-        return upload["protos"], upload["counts"]
 
     # ---- evaluation ----
     def predict(self, model, params, buffers, state, x):

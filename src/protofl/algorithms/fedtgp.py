@@ -110,9 +110,11 @@ class FedTGP(FedProto):
     client_defaults = {"optimizer": "sgd", "lr": 0.01, "batch_size": 10, "local_epochs": 1}
     client_defaults_source = ("Zhang et al. 2024 (the authors' run script): SGD, lr 0.01, "
                               "batch 10, E = 1")
-    needs_individual = "its server trains the prototype generator on every client's prototypes"
-    private_fallback = ("under DP the generator trains on the noised mean prototype of each "
+    fallback = ("under DP the generator trains on the noised mean prototype of each "
                         "class instead (one row per class)")
+
+    def sums_reason(self):
+        return "its server trains the prototype generator on every client's prototypes"
 
     def init_state(self, model) -> FedTGPState:
         state = super().init_state(model)

@@ -27,6 +27,7 @@ from torch import nn
 from torch.func import functional_call
 
 from protofl.algorithms.base import Algorithm, Tensors, Weights, forward, weighted_mean
+from protofl.algorithms.capabilities import Sums
 from protofl.config import option
 from protofl.models.nets import ProtoNet
 
@@ -115,7 +116,7 @@ def copy_weights(tree: Weights) -> Weights:
             "buffers": {k: v.detach().clone() for k, v in tree["buffers"].items()}}
 
 
-class Moon(Algorithm):
+class Moon(Sums, Algorithm):
     name = "moon"
     description = ("MOON (Li et al. 2021): CE + mu * model-contrastive loss on a projection "
                    "head (global model positive, previous local model negative); FedAvg")

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from protofl.algorithms import prototype_math
+from protofl.algorithms import capabilities, prototype_math
+from protofl.algorithms.capabilities import personalized
 from protofl.engine import hetero, reference, runfolder
 from protofl.errors import ProtoflError
 from protofl.metrics import federated as fm
@@ -87,7 +88,8 @@ class Amm(Callback):
     def after_aggregate(self, exp, record, results):
         if not exp.cfg.metrics.amm or not results or not exp.individual:
             return  # (contributions to a sum hold no one client's prototypes)
-        pairs = [exp.alg.prototypes(r.upload, functools.partial(exp.client_inputs, r.client))
+        pairs = [capabilities.prototypes(exp.alg, r.upload,
+                                         functools.partial(exp.client_inputs, r.client))
                  for r in results]
         pairs = [(p, n) for p, n in pairs if bool((n > 0).any())]
         if not pairs:
@@ -122,7 +124,7 @@ class TestMetrics(Callback):
                                           state, data.x_test, data.y_test, data.num_classes,
                                           batch, data.inputs, data.class_names))
             preds = hetero.client_predictions(alg, state, data, exp.client_states, batch)
-        record.update(fm.client_figures(preds, data.num_classes, pooled=alg.personalized))
+        record.update(fm.client_figures(preds, data.num_classes, pooled=personalized(alg)))
 
 
 def costly_due(exp: Experiment, record: dict) -> bool:

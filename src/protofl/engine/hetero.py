@@ -1,13 +1,14 @@
 """Model-heterogeneous federations in the engine: client k trains the model of its group
 (``models/families.py``), and only prototypes travel.
 
-An algorithm says it supports this with the class attribute ``heterogeneous``: ``True``, or
-the ``"module:Class"`` of the variant that does (fedproin's ``PersonalFedProIn``). Such an
-algorithm uploads no weights, keeps each client's model in its client state
-(``personalized``) and keeps the clients' common initial weights under ``init`` in its state
-and broadcast. In a heterogeneous federation ``init`` holds one entry per model group
-(``m0``, ``m1``, ...), and each group sees the algorithm, state and broadcast of its own
-model (``view``, ``group_state``): the algorithm's code is the same as with one model.
+An algorithm supports this when it is ``capabilities.Personalized`` (it uploads no weights and
+keeps each client's model in its client state), or names in its class attribute
+``heterogeneous`` the ``"module:Class"`` of a variant that is (fedproin's
+``PersonalFedProIn``). Such an algorithm keeps the clients' common initial weights under
+``init`` in its state and broadcast. In a heterogeneous federation ``init`` holds one entry
+per model group (``m0``, ``m1``, ...), and each group sees the algorithm, state and broadcast
+of its own model (``view``, ``group_state``): the algorithm's code is the same as with one
+model.
 
 Trainers: :class:`GroupedTrainer` splits a round's jobs by group and hands each group to an
 ordinary trainer (so the vectorized trainer stacks, with ``vmap``, the clients of one model);
@@ -21,6 +22,7 @@ import dataclasses
 import importlib
 
 from protofl.algorithms.base import Algorithm, Tensors, split_state
+from protofl.algorithms.capabilities import personalized
 from protofl.algorithms.registry import algorithm_class, make_algorithm
 from protofl.config import Config, ModelConfig
 from protofl.data.federated import FederatedData
@@ -39,14 +41,14 @@ def requested(model: ModelConfig) -> bool:
 def variant(name: str) -> type[Algorithm]:
     """The class that runs algorithm ``name`` on heterogeneous models; one line why not."""
     cls = algorithm_class(name)
-    how = getattr(cls, "heterogeneous", False)
+    if personalized(cls):
+        return cls
+    how = getattr(cls, "heterogeneous", "")
     if not how:
         why = getattr(cls, "heterogeneous_reason", "") or "its server averages model weights"
         raise ProtoflError(f"algorithm {cls.name!r} cannot train heterogeneous models "
                            f"(model.per_client / model.family): {why}; use fedproto, fedtgp "
                            "or fedproin")
-    if how is True:
-        return cls
     module, attr = str(how).split(":")
     return getattr(importlib.import_module(module), attr)
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from protofl.algorithms.base import Algorithm, Tensors, UploadEntry
+from protofl.algorithms.capabilities import sums, sums_reason
 from protofl.config import Config
 from protofl.engine.aggregation import Aggregation
 from protofl.errors import ProtoflError
@@ -60,7 +61,7 @@ def check(cfg: Config, alg: Algorithm) -> None:
         raise ProtoflError("metrics.ffd_reference compares each client's model with the "
                            "reference, but under privacy.secagg or privacy.noise: client the "
                            "server holds only sums; leave one of them out")
-    reason = alg.sums_reason()
+    reason = sums_reason(alg)
     if p.secagg and reason:
         raise ProtoflError(f"privacy.secagg: {alg.name} cannot run under secure aggregation: "
                            f"{reason}")
@@ -73,10 +74,10 @@ def check(cfg: Config, alg: Algorithm) -> None:
         raise ProtoflError(f"privacy.noise = client: {alg.name}'s server cannot work from "
                            f"noised sums: {reason}; use privacy.noise: server")
     # server-side noise: the server may score raw uploads (bounded client weights), but a
-    # rule that needs each upload for more than a weight is refused unless it has a fallback
+    # rule that is no ratio of sums, or reads an upload for more than a weight, is refused
     others = [k for k, e in alg.upload_spec().items() if e.kind == "other"]
-    if (alg.needs_individual or others) and not alg.private_fallback:
-        why = alg.needs_individual or f"its server reads {others[0]!r} of each client"
+    if not sums(alg) or others:
+        why = reason if not sums(alg) else f"its server reads {others[0]!r} of each client"
         raise ProtoflError(f"privacy: {alg.name} cannot be trained with client-level DP: {why}")
     if cfg.clients.sampling == "weighted":
         raise ProtoflError("privacy: clients.sampling = weighted picks clients by their data "
@@ -298,6 +299,6 @@ def layers(cfg: Config, alg: Algorithm, num_clients: int, state: Tensors) -> Agg
             raise ProtoflError(f"privacy.budget = {p.budget:g} is below the epsilon of one "
                                f"round ({first:.3g} at delta {p.delta:g}); raise it or "
                                "privacy.noise_multiplier")
-    if alg.private_fallback and p.noise == "server":
-        log.warning("privacy: %s: %s", alg.name, alg.private_fallback)
+    if alg.fallback and p.noise == "server":
+        log.warning("privacy: %s: %s", alg.name, alg.fallback)
     return Accounting(outer, core, accountant, budget, p.reproducible_noise)

@@ -40,6 +40,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
+from protofl.algorithms.capabilities import personalized
 from protofl.api import folder_callbacks
 from protofl.config import Config
 from protofl.data.site import SiteFederation
@@ -303,7 +304,7 @@ class RemoteTestMetrics(TestMetrics):
 
     def on_evaluate(self, exp, record):
         sites = isinstance(exp.data, SiteFederation)
-        if not exp.alg.personalized:
+        if not personalized(exp.alg):
             super().on_evaluate(exp, record)  # the engine's (site mode: the server's test set)
             if not sites:
                 return

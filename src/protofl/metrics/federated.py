@@ -25,6 +25,7 @@ from protofl import device as devices
 from protofl import tasks
 from protofl.algorithms import prototype_math
 from protofl.algorithms.base import Algorithm, Tensors
+from protofl.algorithms.capabilities import personalized
 from protofl.data.federated import FederatedData
 from protofl.metrics import segmentation as seg
 from protofl.metrics.classification import report
@@ -111,7 +112,7 @@ def client_predictions(alg: Algorithm, model: ProtoNet, state: Tensors, data: Fe
     ks = [int(k) for k in ks if off[k + 1] > off[k]]
     weights = {k: alg.eval_weights(state, client_states.get(k, {})) for k in ks}
     ks = [k for k in ks if weights[k] is not None]  # a personalised client without a model
-    shared = [] if alg.personalized else ks
+    shared = [] if personalized(alg) else ks
     preds: dict[int, torch.Tensor] = {}
     if shared:
         if shared == list(range(data.num_clients)):
@@ -123,7 +124,7 @@ def client_predictions(alg: Algorithm, model: ProtoNet, state: Tensors, data: Fe
         p = labels(alg, model, w["params"], w["buffers"], state, x, batch, data.inputs)
         sizes = [int(off[k + 1] - off[k]) for k in shared]
         preds.update(zip(shared, torch.split(p, sizes)))
-    for k in ks if alg.personalized else []:
+    for k in ks if personalized(alg) else []:
         w = weights[k]
         preds[k] = labels(alg, model, w["params"], w["buffers"], state, data.client_test(k)[0],
                           batch, data.inputs)

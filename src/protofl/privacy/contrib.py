@@ -4,7 +4,7 @@ rebuilds from the sum of the contributions (client-level DP, secure aggregation)
 An algorithm's server rule is a function of sums over clients when its upload entries are
 weights, prototypes with their counts, sizes and client-computed weights
 (``UploadEntry.kind``) and a client's aggregation weight w_k depends on that client alone
-(``Algorithm.client_weight``). Client k then contributes
+(``capabilities.Sums.client_weight``). Client k then contributes
 
 - ``delta``: w_k (W_k - W^t) over the floating-point weights entries; under DP the update is
   clipped to norm C first (``clip``) and w_k is bounded (``client_weight_bound``) or, if it is
@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from protofl.algorithms.base import Algorithm, Tensors, UploadEntry
+from protofl.algorithms.capabilities import Sums
 from protofl.errors import ProtoflError
 from protofl.nested import flatten, unflatten
 from protofl.privacy.clip import class_fractions, clip, clip_prototypes, l2_norm
@@ -73,7 +74,8 @@ class SumForm:
     update is taken against it, and its dtypes are the estimate's).
     """
 
-    def __init__(self, alg: Algorithm, template: dict[str, Tensor], settings: SumSettings):
+    def __init__(self, alg: Algorithm | Sums, template: dict[str, Tensor],
+                 settings: SumSettings):
         self.alg, self.settings = alg, settings
         self.upload_spec = spec = alg.upload_spec()
         weights = [k for k, e in spec.items() if e.kind == "weights"]

@@ -37,9 +37,7 @@ def budget_config(claim: Claim, budget: str) -> dict[str, Any]:
 
 
 def status(claim: Claim, budget: str, overrides: dict[str, Any] | None = None) -> str:
-    """``run``, or why the claim is not run here (its data absent, or pending)."""
-    if budget == "paper" and claim.pending:
-        return f"pending: {claim.pending}"
+    """``run``, or why the claim is not run here (its data absent)."""
     if claim.needs:
         root = merge(claim.protocol, overrides or {}).get("data", {}).get("root")
         if not root or not Path(str(root)).expanduser().exists():
@@ -47,17 +45,36 @@ def status(claim: Claim, budget: str, overrides: dict[str, Any] | None = None) -
     return "run"
 
 
+def encoder_path(claim: Claim, budget: str, out: Path) -> Path:
+    """Where the encoder a claim pretrains before its runs is kept (``OUT/encoders``)."""
+    return (out / "encoders" / f"{claim.name}-{budget}.pth").resolve()
+
+
+def pick_splits(claim: Claim, names: tuple[str, ...] | None) -> list[str]:
+    """The claim's splits named (None: every one); a name it lacks is one error line."""
+    if not names:
+        return list(claim.splits)
+    unknown = [n for n in names if n not in claim.splits]
+    if unknown:
+        raise ProtoflError(f"--splits: claim {claim.name} has no split {unknown[0]!r}; it has "
+                           f"{', '.join(claim.splits)}")
+    return list(dict.fromkeys(names))
+
+
 def claim_jobs(claim: Claim, budget: str, out: Path, seeds: tuple[int, ...],
-               overrides: dict[str, Any] | None = None) -> list[tuple[dict, str]]:
-    """Every (raw config, run folder) of one claim at ``budget``, two variants at a time
-    over every seed (the first comparison's first), so that a suite stopped early leaves
-    whole pairs of seeds for the headline comparison."""
+               overrides: dict[str, Any] | None = None,
+               splits: list[str] | None = None) -> list[tuple[dict, str]]:
+    """Every (raw config, run folder) of one claim at ``budget`` (``splits``: just these),
+    two variants at a time over every seed (the first comparison's first), so that a suite
+    stopped early leaves whole pairs of seeds for the headline comparison."""
     base = budget_config(claim, budget)
+    if claim.pretrain:
+        base = merge(base, {"model": {"pretrained": str(encoder_path(claim, budget, out))}})
     first = (claim.comparisons[0].method, claim.comparisons[0].baseline)
     order = [*first, *(v for v in claim.variants if v not in first)]
     jobs = []
     for k in range(0, len(order), 2):
-        for seed, split, label in product(seeds, claim.splits, order[k:k + 2]):
+        for seed, split, label in product(seeds, splits or claim.splits, order[k:k + 2]):
             raw = merge(merge(base, claim.splits[split]), claim.variants[label])
             raw = seeded(merge(raw, NO_COSTLY), seed, overrides)
             jobs.append((raw, str(out / claim.name / split / label / f"seed{seed}")))
@@ -66,17 +83,31 @@ def claim_jobs(claim: Claim, budget: str, out: Path, seeds: tuple[int, ...],
 
 def reproduce_plan(names: str | None, budget: str, out: Path,
                    seeds: tuple[int, ...] | None = None,
-                   overrides: dict[str, Any] | None = None
+                   overrides: dict[str, Any] | None = None,
+                   splits: tuple[str, ...] | None = None
                    ) -> tuple[dict[str, dict], list[tuple[dict, str]]]:
-    """``({claim: {budget, status, seeds}}, jobs)`` for the claims named."""
+    """``({claim: {budget, status, seeds, splits}}, jobs)`` for the claims named
+    (``splits``: only these of each claim)."""
     seeds = tuple(seeds or SEEDS.get(budget, SEEDS["paper"]))
     record, jobs = {}, []
     for claim in select(names):
-        state = status(claim, budget, overrides)
-        record[claim.name] = {"budget": budget, "status": state, "seeds": list(seeds)}
+        state, chosen = status(claim, budget, overrides), pick_splits(claim, splits)
+        record[claim.name] = {"budget": budget, "status": state, "seeds": list(seeds),
+                              "splits": chosen}
         if state == "run":
-            jobs += claim_jobs(claim, budget, out, seeds, overrides)
+            jobs += claim_jobs(claim, budget, out, seeds, overrides, chosen)
     return record, jobs
+
+
+def pretrain_encoders(names: str | None, budget: str, out: Path,
+                      record: dict[str, dict]) -> None:
+    """Train (or reuse) the encoder of every claim to run that starts from one."""
+    from protofl.models.pretrain import PretrainSpec, shapes_encoder
+
+    for claim in select(names):
+        if claim.pretrain and record[claim.name]["status"] == "run":
+            shapes_encoder(encoder_path(claim, budget, out),
+                           PretrainSpec(**claim.pretrain[budget]))
 
 
 def write_record(out: Path, record: dict[str, dict]) -> Path:
@@ -95,16 +126,18 @@ def write_record(out: Path, record: dict[str, dict]) -> Path:
 
 def run_reproduce(names: str | None, budget: str, out: Path, jobs: int | None = None,
                   seeds: tuple[int, ...] | None = None,
-                  overrides: dict[str, Any] | None = None) -> str:
-    """Run the claims named at ``budget`` and return their verdict tables (Markdown);
-    ``OUT/claims.md`` holds them too."""
+                  overrides: dict[str, Any] | None = None,
+                  splits: tuple[str, ...] | None = None) -> str:
+    """Run the claims named at ``budget`` (``splits``: only these) and return their verdict
+    tables (Markdown); ``OUT/claims.md`` holds them too."""
     from protofl.config import config_from_dict
     from protofl.reproduce.tables import reproduction_markdown
     from protofl.suites import execute
 
-    record, work = reproduce_plan(names, budget, out, seeds, overrides)
+    record, work = reproduce_plan(names, budget, out, seeds, overrides, splits)
     for raw, _ in work:
         config_from_dict(raw)  # every config checked before anything runs
+    pretrain_encoders(names, budget, out, record)
     execute(work, jobs, f"reproduce ({budget})")
     write_record(out, record)
     text = reproduction_markdown([out], only=list(record))

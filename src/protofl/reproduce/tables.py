@@ -41,10 +41,7 @@ def change_text(claim: Claim, entry: dict, res: dict[str, Any] | None, first: bo
     if entry["status"] != "run":
         return entry["status"].split(": ", 1)[-1]
     notes = []
-    if entry["budget"] != "paper" and claim.pending:
-        notes.append(f"the short budget is a smoke test; the paper budget is pending: "
-                     f"{claim.pending}")
-    elif entry["budget"] != "paper" and claim.cost:
+    if entry["budget"] != "paper" and claim.cost:
         notes.append(f"the short budget is a smoke test; the paper budget (`"
                      f"{claim.command('paper')}`) was too costly here: {claim.cost}")
     elif entry["budget"] != "paper":
@@ -87,7 +84,7 @@ def claim_rows(claim: Claim, entry: dict | None) -> list[str]:
     rows = []
     seeds = entry.get("seeds", [])
     budget = f"{entry['budget']}, seeds {', '.join(map(str, seeds))}"
-    for split in claim.splits:
+    for split in entry.get("splits") or claim.splits:
         for c in claim.comparisons:
             res = paired(entry["folder"] / claim.name / split, c.method, c.baseline,
                          claim.metric)
