@@ -1,5 +1,12 @@
+import os
+import tempfile
+
 import pytest
 import torch
+
+# tests never read or fill the user's data cache (~/.cache/protofl); set before any test so
+# that the processes tests start (Ray workers, SuperNodes) inherit it
+os.environ.setdefault("PROTOFL_CACHE", tempfile.mkdtemp(prefix="protofl-test-cache-"))
 
 
 @pytest.fixture(autouse=True)

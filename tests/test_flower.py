@@ -17,7 +17,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ import torch
 
 pytest.importorskip("flwr", reason="flwr is not installed (pip install 'protofl[flower]')")
 
+from deployment import OLD_VERSION, REPO, Deployment, wait_for  # noqa: E402
 from flwr.app import Context, Message, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
@@ -57,8 +57,6 @@ from protofl.metrics.classification import report  # noqa: E402
 from protofl.metrics.federated import client_predictions, scores  # noqa: E402
 from protofl.nested import flatten  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent  # flwr's commands installed beside this interpreter
 CLIENTS = 3
 POISON_ONE, POISON_ALL = 7, 8  # seeds of the runs whose clients send NaN prototypes
 SITE_SEEDS = {"site_fedmargin": 20, "site_fedproto": 21, "site_refused": 22}
@@ -66,7 +64,6 @@ SITE_CLASSES = ["a", "b", "c"]
 SITE_COUNTS = [{"a": 12, "b": 6}, {"b": 10, "c": 8}, {"a": 5, "c": 9, "b": 3}]
 SITES_ENV = "PROTOFL_TEST_SITES"  # the simulated nodes' site files: <root>/seed<S>/site<K>
 RESUME_SEED = 30
-OLD_VERSION = "9.9.0"  # the protofl of the deployment's mismatched SuperNode
 
 
 def tiny(algorithm: str, seed: int = 0, rounds: int = 2, clients: int = CLIENTS) -> Config:
@@ -484,133 +481,6 @@ def test_flower_resume_flag_and_error_reasons():
 
 # ---- deployment engine: flower-superlink + 2 flower-supernode on 127.0.0.1 ----
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(pred, timeout: float, what: str, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(every)
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-class Deployment:
-    """A SuperLink with TLS and SuperNode authentication, and two registered SuperNodes with
-    their own site folders (each process in its own process group, so it can be killed with
-    its ClientApp children). Credentials come from scripts/flower-dev-certs.sh."""
-
-    def __init__(self, root: Path):
-        self.root, self.procs = root, {}
-        self.home = root / "flwr_home"
-        self.home.mkdir()
-        self.certs = root / "certs"
-        res = subprocess.run(["bash", str(REPO / "scripts" / "flower-dev-certs.sh"),
-                              str(self.certs), "4"], capture_output=True, text=True)
-        assert res.returncode == 0, res.stderr
-        self.port = free_port()
-        (self.home / "config.toml").write_text(
-            f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
-            f'address = "127.0.0.1:{self.port}"\n'
-            f'root-certificates = "{self.certs / "ca.crt"}"\n')
-        self.env = {**os.environ, "FLWR_HOME": str(self.home), "OMP_NUM_THREADS": "1",
-                    "FLWR_DISABLE_UPDATE_CHECK": "1",  # the SuperLink starts flower-superexec:
-                    "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-
-    def start(self, name: str, cmd: list[str], env: dict | None = None) -> None:
-        log = open(self.root / f"{name}.log", "wb")
-        self.procs[name] = subprocess.Popen(cmd, env=env or self.env, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
-
-    def flwr(self, *args: str, timeout: float = 120) -> str:
-        res = subprocess.run([str(BIN / "flwr"), *args], env=self.env, cwd=self.root,
-                             capture_output=True, text=True, timeout=timeout)
-        assert res.returncode == 0, res.stdout + res.stderr
-        return res.stdout
-
-    def supernode(self, name: str, key: str, node_config: str, env: dict | None = None
-                  ) -> None:
-        self.start(name, [str(BIN / "flower-supernode"),
-                          "--superlink", f"127.0.0.1:{self.port}",
-                          "--root-certificates", str(self.certs / "ca.crt"),
-                          "--auth-supernode-private-key", str(self.certs / key),
-                          "--host", "127.0.0.1", "--port", str(free_port()),
-                          "--node-config", node_config], env)
-
-    def up(self, sites: list[Path]) -> None:
-        self.start("superlink", [str(BIN / "flower-superlink"),
-                                 "--ssl-ca-certfile", str(self.certs / "ca.crt"),
-                                 "--ssl-certfile", str(self.certs / "server.pem"),
-                                 "--ssl-keyfile", str(self.certs / "server.key"),
-                                 "--enable-supernode-auth",
-                                 "--host", "127.0.0.1", "--port", str(self.port),
-                                 "--disable-runtime-dependency-installation"])
-        wait_for(lambda: self._listening(self.port), 60, "the SuperLink")
-        for k, site in enumerate(sites):
-            out = self.flwr("supernode", "register", str(self.certs / f"supernode_{k + 1}.pub"),
-                            "test")
-            assert "registered successfully" in out, out
-            self.supernode(f"node{k}", f"supernode_{k + 1}",
-                           f"partition-id={k} num-partitions={len(sites)} data-root='{site}' "
-                           f"audit-dir='{self.root / f'audit{k}'}'")
-        self.old_site(sites[-1], len(sites))
-        wait_for(lambda: self.log("superlink").count("Activated node_id") >= len(sites) + 1,
-                 120, "the SuperNodes to join")
-
-    def old_site(self, site: Path, n: int) -> None:
-        """A registered SuperNode whose protofl is another minor version (its metadata, first
-        on its path, says 9.9.0): it must answer every run with one line and be left out."""
-        meta = self.root / "old_protofl" / f"protofl-{OLD_VERSION}.dist-info"
-        meta.mkdir(parents=True)
-        (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: protofl\n"
-                                       f"Version: {OLD_VERSION}\n")
-        path = os.pathsep.join([str(meta.parent), *filter(None, [os.environ.get(
-            "PYTHONPATH")])])
-        out = self.flwr("supernode", "register", str(self.certs / "supernode_4.pub"), "test")
-        assert "registered successfully" in out, out
-        self.supernode("old", "supernode_4", f"partition-id={n - 1} num-partitions={n} "
-                       f"data-root='{site}' audit-dir='{self.root / 'audit_old'}'",
-                       {**self.env, "PYTHONPATH": path})
-
-    @staticmethod
-    def _listening(port: int) -> bool:
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
-    def log(self, name: str) -> str:
-        return (self.root / f"{name}.log").read_text(errors="replace")
-
-    def flwr_run(self, cfg: Config, out: Path, round_timeout: float) -> None:
-        path = out.with_name(out.name + ".json")
-        path.write_text(json.dumps(cfg.to_dict()))
-        overrides = (f'out="{out}" round-timeout={round_timeout} node-wait=60.0 '
-                     f'num-server-rounds={cfg.rounds} config="{path}" set=""')
-        out = self.flwr("run", str(REPO), "test", "--run-config", overrides)
-        assert "Successfully started run" in out, out
-
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        p = self.procs[name]
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                pass
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(timeout=10)
-
-    def down(self) -> None:
-        for name in reversed(list(self.procs)):
-            self.kill(name, signal.SIGTERM)
-
-
 def rows_of(out: Path) -> list[dict]:
     path = out / "metrics.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
@@ -671,6 +541,8 @@ def test_flower_deployment_site_mode_with_tls_and_authentication(deployment):
     assert 0 <= rows[0]["federated_accuracy"] <= 1 and set(rows[0]["client_accuracy"]) == {
         "0", "1"}
     log = (out / LOG_FILE).read_text()
+    assert log.splitlines()[0].endswith("federation: TLS on, SuperNode authentication on (from "
+                                        "the SuperLink's command line)")
     assert "site 0 (node" in log and "15 training and 3 held-out samples" in log
     assert (f"left out (it cannot join): ProtoflError: flower: version mismatch: the server "
             f"runs protofl {protofl_version()}, this node {OLD_VERSION}") in log
@@ -709,3 +581,27 @@ def test_flower_deployment_survives_a_killed_supernode(deployment):
     for v in runfolder.load_checkpoint(out)["state"]["params"].values():
         assert torch.isfinite(v).all()
     assert "client 1" in (out / LOG_FILE).read_text()
+
+
+def test_flower_deployment_rotates_a_site_key(deployment):
+    """Site 0 rotates its key as docs/flower.md says: the coordinator registers the new public
+    key, the site restarts its SuperNode with the new private key, the coordinator unregisters
+    the old node; then the old key is refused and the new one admitted. (Last in the module:
+    site 0 runs on its new key from here on.)"""
+    dep = deployment
+    activated = dep.log("superlink").count("Activated node_id")
+    out = dep.flwr("supernode", "register", str(dep.certs / "supernode_5.pub"), "test")
+    assert "registered successfully" in out, out
+    dep.kill("node0", signal.SIGTERM)
+    dep.supernode("node0_new", "supernode_5", dep.node_configs[0])
+    wait_for(lambda: dep.log("superlink").count("Activated node_id") > activated, 120,
+             "the new key to be admitted")
+    out = dep.flwr("supernode", "unregister", dep.node_ids[0], "test")
+    assert f"SuperNode {dep.node_ids[0]} unregistered successfully" in out, out
+    listed = json.loads(dep.flwr("supernode", "list", "test", "--output-format", "json"))
+    status = {n["node-id"]: n["status"] for n in listed["nodes"]}
+    assert status.get(dep.node_ids[0], "unregistered") == "unregistered"
+    dep.supernode("node0_old", "supernode_1", dep.node_configs[0])
+    rc = wait_for(lambda: dep.procs["node0_old"].poll(), 120, "the old key to be refused")
+    assert rc == 1 and "Failed to activate SuperNode" in dep.log("node0_old")
+    assert dep.procs["node0_new"].poll() is None  # the new key's node stays connected

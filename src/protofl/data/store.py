@@ -9,6 +9,9 @@ processes loading the same dataset at once never write the same files. The publi
 is a cache: a later run with the same data config and the same files maps it again
 (``load_cached``) instead of decoding every image.
 
+A Flower node, whose every message is a fresh process, keeps what it built the same way
+(``mapped``): the first message writes the node's data to the cache, the next ones map it.
+
 The cache lives in ``$PROTOFL_CACHE``, else ``$XDG_CACHE_HOME/protofl``, else
 ``~/.cache/protofl``; the budget is ``$PROTOFL_DATA_BUDGET_MB``, else a quarter of the
 machine's memory.
@@ -237,6 +240,38 @@ def load_cached(folder: Path):
         scale=meta["scale"], mean=_floats(meta.get("mean")), std=_floats(meta.get("std")),
         **{k: torch.from_numpy(labels[k]) for k in ("labels_train", "labels_local_test",
                                                     "labels_test") if k in labels})
+
+
+ARRAYS = ("x_train", "x_local_test", "x_test")
+
+
+def persist(data, folder: Path):
+    """Write an in-memory FederatedData to the cache folder ``folder`` (built privately and
+    renamed into place, as ``publish``) and return it mapped from there."""
+    part = building_folder(folder)
+    part.mkdir(parents=True)
+    for name in ARRAYS:
+        if not (name == "x_test" and data.x_test is data.x_local_test):
+            np.save(part / f"{name}.npy", getattr(data, name).numpy())
+    publish(Store(part, 0), data, folder)
+    return load_cached(folder) or data
+
+
+def mapped(kind: str, key: dict, root: str | Path | None, build):
+    """The FederatedData ``build()`` returns, built once per machine: kept under
+    ``kind-<hash of key, the protofl version and root's files>`` in the cache and mapped from
+    there by later calls (other processes included); data already mapped are returned as
+    they are."""
+    from protofl.provenance import version
+
+    folder = cache_home() / f"{kind}-{cache_key({'protofl': version('protofl'), **key}, root)}"
+    data = load_cached(folder)
+    if data is not None:
+        return data
+    data = build()
+    if mapped_file(data.x_train) is not None:  # (a large dataset: the loader mapped it)
+        return data
+    return persist(data, folder)
 
 
 def _floats(v: list | None) -> tuple[float, ...] | None:

@@ -19,8 +19,9 @@ What a node decides for itself (``flower/node.py``): it imports nothing the serv
 names (``callbacks`` and trackers run on the server only), it trains on its own ``device``
 (the CPU, logged, when it lacks the one asked for), ``threads`` and ``eval-batch``; it refuses
 (one line) a server whose protofl minor or torch major version differs from its own; and it
-writes one audit line per message it sends (``audit-dir``). Under privacy (DP or SecAgg) it
-reports no sample counts: only whether it holds data.
+writes one audit line per message it sends (``audit-dir``). Its data are built by its first
+message and memory-mapped from its cache by the next (``data-cache=false``: rebuilt each
+time). Under privacy (DP or SecAgg) it reports no sample counts: only whether it holds data.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from protofl.metrics.sites import score_split
 STATE = "protofl.client_state"  # + a digest of the run's config: one state per protofl run
 DATA_ROOT = "data-root"  # node-config key: this node's files (site mode), or its copy of them
 DATA_NAME = "data-name"  # node-config key, site mode: their format (default data.site_format)
+DATA_CACHE = "data-cache"  # node-config key: false rebuilds the node's data for every message
 
 
 def partition_of(context: Context) -> tuple[int, int]:
@@ -65,8 +67,9 @@ def node_experiment(cfg_json: str, context: Context) -> Node:
     try:
         cfg_json = hetero.node_config(node_config_json(cfg_json, nc),
                                       str(nc.get(hetero.NODE_MODEL, "")))
+        cache = str(nc.get(DATA_CACHE, "on")).lower() not in ("off", "false", "0")
         return node_build(cfg_json, str(nc.get(DATA_ROOT, "")), str(nc.get(DATA_NAME, "")),
-                          pid)
+                          pid, cache)
     except ProtoflError as e:
         log(ERROR, "protofl: this node cannot join the run: %s", e)
         raise

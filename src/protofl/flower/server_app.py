@@ -49,6 +49,7 @@ from protofl.engine.callbacks import Callback, RunFolder, TestMetrics, metric_ca
 from protofl.engine.experiment import Experiment
 from protofl.engine.train import ClientResult, RoundContext
 from protofl.errors import ProtoflError
+from protofl.flower.link import superlink_args, transport_line
 from protofl.flower.node import VERSIONS_RECORD, versions
 from protofl.flower.records import tree_from_records, tree_to_records
 from protofl.flower.setup import OUT, check_partitions, config_from_run
@@ -99,6 +100,7 @@ class FlowerTrainer(Callback):
         return isinstance(self.exp.data, SiteFederation)
 
     def on_run_start(self, exp: Experiment) -> None:
+        log.info("%s", transport(self.grid))  # flower.log's first line (after the folder's set-up)
         self.exp = exp
         self.cfg_json = json.dumps(exp.cfg.to_dict(), sort_keys=True)
         self.versions = versions(self.cfg_json)  # sent with every query and job
@@ -410,6 +412,7 @@ def serve(grid: Grid, context: Context, cfg: Config | None = None, out: Path | N
     result is logged as one line; a ProtoflError is logged as one line before it propagates
     (Flower then logs its traceback and marks the run failed)."""
     rc = context.run_config
+    flwr_log(INFO, "protofl: %s", transport(grid))
     try:
         run_cfg = cfg if cfg is not None else config_from_run(rc)
         folder = out if out is not None or not rc.get(OUT) else Path(str(rc[OUT]))
@@ -421,6 +424,12 @@ def serve(grid: Grid, context: Context, cfg: Config | None = None, out: Path | N
         raise
     flwr_log(INFO, "protofl: %s", summary_line(exp.summary(), folder))
     return exp
+
+
+def transport(grid: Grid) -> str:
+    """Whether the federation runs with TLS and SuperNode authentication (``flower/link.py``)."""
+    simulated = type(grid).__name__ == "InMemoryGrid"
+    return transport_line(simulated, None if simulated else superlink_args())
 
 
 def resume_flag(value: Any) -> bool:
