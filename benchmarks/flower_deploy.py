@@ -13,6 +13,12 @@ epoch of batch 32, evaluated every round) for ``--rounds`` rounds. Every message
 cache's writing) is left out: the figure is the mean of rounds 2..R from the run's
 ``metrics.jsonl``. Prints ``[flower-deploy] vs cold: protofl X s/round, other Y s/round,
 ratio Z`` (protofl = cached, other = cold; ratio > 1: the cache is faster).
+
+What the cache saves is each message's data build, which grows with the site (a process
+start and the imports do not): ``--build-images N`` also times a node's build alone, in
+this process, for a site of N images per class of ``--build-source`` px resized to
+``--size`` (two builds a round: the train and the evaluate message), and prints
+``[flower-deploy site build] vs cold: ...`` in the same form.
 """
 
 from __future__ import annotations
@@ -64,11 +70,38 @@ def per_round(root: Path, sites: list[Path], rounds: int, size: int, cache: bool
         dep.down()
 
 
+def site_build(base: Path, images: int, source: int, size: int, repeats: int = 3
+               ) -> dict[str, float]:
+    """Seconds of one node build (the train message's), cold and mapped, mean of
+    ``repeats``."""
+    from protofl.flower import setup
+
+    site = write_site(base / "big", dict.fromkeys(CLASSES, images), CLASSES, size=source,
+                      mode="RGB")
+    cfg = json.dumps(walkthrough(2, size).to_dict())
+    os.environ[CACHE_ENV] = str(base / "build-cache")
+    times = {}
+    for name, cache in (("cold", False), ("cached", True)):
+        setup.build_site(cfg, str(site), "", 0, cache)  # (cached: writes the cache)
+        spent = []
+        for _ in range(repeats):
+            setup.build_site.cache_clear()  # a new message: nothing kept in memory
+            start = time.perf_counter()
+            setup.build_site(cfg, str(site), "", 0, cache)
+            spent.append(time.perf_counter() - start)
+        times[name] = sum(spent) / repeats
+    return times
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--images", type=int, default=40, help="images per class per site")
     p.add_argument("--size", type=int, default=64, help="image side, px")
+    p.add_argument("--build-images", type=int, default=0,
+                   help="also time a node's build for a site of N images per class")
+    p.add_argument("--build-source", type=int, default=256, help="their side before resizing")
+    p.add_argument("--skip-deploy", action="store_true", help="only the build timing")
     args = p.parse_args()
     if args.rounds < 2:
         p.error("--rounds must be at least 2 (round 1 is left out)")
@@ -76,6 +109,13 @@ def main() -> None:
         base = Path(tmp)
         sites = [write_site(base / f"site{k}", dict.fromkeys(CLASSES, args.images), CLASSES,
                             size=args.size, mode="RGB", seed=k) for k in range(3)]
+        if args.build_images:
+            b = site_build(base, args.build_images, args.build_source, args.size)
+            print(f"[flower-deploy site build] vs cold: protofl {2 * b['cached']:.3f} s/round, "
+                  f"other {2 * b['cold']:.3f} s/round, ratio {b['cold'] / b['cached']:.2f} "
+                  f"({3 * args.build_images} images of {args.build_source} px)", flush=True)
+        if args.skip_deploy:
+            return
         times = {}
         for name, cache in (("cold", False), ("cached", True)):
             start = time.perf_counter()

@@ -598,7 +598,7 @@ def test_flower_deployment_rotates_a_site_key(deployment):
              "the new key to be admitted")
     out = dep.flwr("supernode", "unregister", dep.node_ids[0], "test")
     assert f"SuperNode {dep.node_ids[0]} unregistered successfully" in out, out
-    listed = json.loads(dep.flwr("supernode", "list", "test", "--output-format", "json"))
+    listed = json.loads(dep.flwr("supernode", "list", "test", "--format", "json"))
     status = {n["node-id"]: n["status"] for n in listed["nodes"]}
     assert status.get(dep.node_ids[0], "unregistered") == "unregistered"
     dep.supernode("node0_old", "supernode_1", dep.node_configs[0])
