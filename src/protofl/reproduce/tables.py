@@ -49,7 +49,9 @@ def change_text(claim: Claim, entry: dict, res: dict[str, Any] | None, first: bo
     if res is not None and res["verdict"] == "inconclusive" and res["n"] >= MIN_SEEDS:
         notes.append("more seeds (`--seeds`) to narrow the interval")
     if res is not None and res["n"] < MIN_SEEDS:
-        notes.append(f"at least {MIN_SEEDS} seeds")
+        why = f" (here: {claim.cost})" if first and claim.cost and entry["budget"] == "paper" \
+            else ""
+        notes.append(f"at least {MIN_SEEDS} seeds{why}")
     if claim.stand_in and first:
         notes.append(f"a stand-in for {claim.stand_in}: the seed's data")
     return "; ".join(notes) or "another protocol or reconstruction choice (see below)"
