@@ -186,9 +186,9 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
           ("Synthetic(1,1), 30 clients, the 60-128-256-10 MLP: the seed and FedProx",
            "200 rounds, lr 0.01: FedProx's Synthetic setting (App. C)", *FEDPROX_SOURCES),
           CLASS_SHORT, FIRST_VARIANTS, FIRST_COMPARISONS, config="synthetic_fedprox.yaml",
-          cost=("12-25 min a fedmargin run and 8-21 min a fedavg run on the build "
-                "machine's loaded cores, about 8 h for 6 variants x 5 seeds; the headline "
-                "pair ran")),
+          cost=("on the build machine's loaded cores a run took 12-25 min (fedmargin) and "
+                "8-21 min (fedavg) on seeds 0-2, but seed 3's partition 200-450 s a round "
+                "(over 11 h a run): the headline pair ran on seeds 0-2 only")),
     Claim("synthetic-main", "first", FIRST_STATEMENT,
           merge(SYNTHETIC, {"algorithm": "fedmargin"}),
           ("Synthetic(1,1) as above, but 60 rounds of 20 local steps (batch 10, lr 0.01, 50% "
