@@ -30,8 +30,8 @@ pytest.importorskip("flwr", reason="flwr is not installed (pip install 'protofl[
 
 from deployment import OLD_VERSION, REPO, Deployment, wait_for  # noqa: E402
 from flwr.app import Context, Message, RecordDict  # noqa: E402
-from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
+from simulation import client_app, simulate  # noqa: E402
 from sitefiles import write_site  # noqa: E402
 
 from protofl.algorithms.registry import ALGORITHMS  # noqa: E402
@@ -264,7 +264,6 @@ def kill_after_round_one(cfg: Config, out: Path) -> dict:
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory) -> dict:
     """Run every case on Flower's simulation engine (3 virtual SuperNodes, one Ray start)."""
-    from flwr.simulation import run_simulation
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("flower_sim")
@@ -293,21 +292,10 @@ def simulated(tmp_path_factory) -> dict:
             except ProtoflError as e:
                 done[f"refused_{name}"] = str(e)
 
-    client = ClientApp()
-    client.train()(_as_site(_poisoning_train))
-    client.query()(_as_site(protofl_client.describe))
-    client.evaluate()(_as_site(protofl_client.evaluate))
-    start = time.monotonic()
-    os.environ[SITES_ENV] = str(root / "sites")  # before Ray starts its workers
-    os.environ[AUDIT_ENV] = str(root / "audit")  # the virtual nodes' audit logs
-    try:
-        run_simulation(server, client, num_supernodes=CLIENTS,
-                       backend_config={"client_resources": {"num_cpus": 1},
-                                       "init_args": {"num_cpus": 2}})
-    finally:
-        os.environ.pop(SITES_ENV, None)
-        os.environ.pop(AUDIT_ENV, None)
-    done["seconds"] = time.monotonic() - start
+    client = client_app(_poisoning_train, _as_site)
+    # the virtual nodes' site files and audit logs
+    done["seconds"] = simulate(server, client, CLIENTS, {
+        SITES_ENV: str(root / "sites"), AUDIT_ENV: str(root / "audit")})
     done["root"], done["cases"] = root, cases
     return done
 

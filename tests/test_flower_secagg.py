@@ -5,8 +5,6 @@ upload; client-side DP noise travels inside the masked sum. One Ray start runs e
 from __future__ import annotations
 
 import json
-import os
-import time
 
 import pytest
 import torch
@@ -14,13 +12,12 @@ import torch
 pytest.importorskip("flwr", reason="flwr is not installed (pip install 'protofl[flower]')")
 
 from flwr.app import Context  # noqa: E402
-from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
+from simulation import client_app, simulate  # noqa: E402
 
 from protofl.config import Config, config_from_dict  # noqa: E402
 from protofl.engine.experiment import Experiment  # noqa: E402
 from protofl.errors import ProtoflError  # noqa: E402
-from protofl.flower import client_app as protofl_client  # noqa: E402
 from protofl.flower.node import AUDIT_ENV  # noqa: E402
 from protofl.flower.server_app import run_on_grid  # noqa: E402
 from protofl.nested import flatten  # noqa: E402
@@ -59,8 +56,6 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory) -> dict:
-    from flwr.simulation import run_simulation
-
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("flower_secagg")
     done: dict = {}
@@ -71,19 +66,8 @@ def simulated(tmp_path_factory) -> dict:
         for name, cfg in CASES.items():
             done[name] = run_on_grid(cfg, grid, root / name, round_timeout=600, node_wait=300)
 
-    client = ClientApp()
-    client.train()(protofl_client.train)
-    client.query()(protofl_client.describe)
-    client.evaluate()(protofl_client.evaluate)
-    start = time.monotonic()
-    os.environ[AUDIT_ENV] = str(root / "audit")  # the virtual nodes' audit logs
-    try:
-        run_simulation(server, client, num_supernodes=CLIENTS,
-                       backend_config={"client_resources": {"num_cpus": 1},
-                                       "init_args": {"num_cpus": 2}})
-    finally:
-        os.environ.pop(AUDIT_ENV, None)
-    done["seconds"] = time.monotonic() - start
+    done["seconds"] = simulate(server, client_app(), CLIENTS,
+                               {AUDIT_ENV: str(root / "audit")})  # the nodes' audit logs
     done["root"] = root
     return done
 

@@ -11,14 +11,13 @@ import torch
 pytest.importorskip("flwr", reason="flwr is not installed (pip install 'protofl[flower]')")
 
 from flwr.app import Context, Message  # noqa: E402
-from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
+from simulation import client_app, simulate  # noqa: E402
 
 from protofl.config import config_from_dict  # noqa: E402
 from protofl.engine import hetero  # noqa: E402
 from protofl.engine.experiment import Experiment  # noqa: E402
 from protofl.errors import ProtoflError  # noqa: E402
-from protofl.flower import client_app as protofl_client  # noqa: E402
 from protofl.flower.server_app import run_on_grid  # noqa: E402
 
 OWN = {0: "cnn2", 1: "mlp_small"}  # the "own" case's node configs
@@ -51,8 +50,6 @@ def _with_node_model(handler):
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory) -> dict:
-    from flwr.simulation import run_simulation
-
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("hetero_flower")
     done: dict = {}
@@ -63,13 +60,7 @@ def simulated(tmp_path_factory) -> dict:
         for own in (False, True):
             done[own] = run_on_grid(cfg(own), grid, root / f"own{own}", node_wait=300)
 
-    client = ClientApp()
-    client.train()(_with_node_model(protofl_client.train))
-    client.query()(_with_node_model(protofl_client.describe))
-    client.evaluate()(_with_node_model(protofl_client.evaluate))
-    run_simulation(server, client, num_supernodes=2,
-                   backend_config={"client_resources": {"num_cpus": 1},
-                                   "init_args": {"num_cpus": 2}})
+    simulate(server, client_app(wrap=_with_node_model), 2, {})
     return done
 
 

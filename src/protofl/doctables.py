@@ -9,9 +9,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from protofl.algorithms.capabilities import sums, sums_reason
+from protofl.algorithms.capabilities import sums_reason
 from protofl.algorithms.registry import ALGORITHMS, ALIASES, algorithm_class, make_algorithm
 from protofl.config import declared, markdown_table
+from protofl.engine.private import dp_refusal
 from protofl.errors import ProtoflError
 from protofl.models.nets import Mlp
 
@@ -44,8 +45,7 @@ def privacy_support(name: str) -> str:
     reason = sums_reason(alg)
     if not reason:
         return "DP (server or client noise) and secure sums"
-    others = [k for k, e in alg.upload_spec().items() if e.kind == "other"]
-    if not sums(alg) or others:
+    if dp_refusal(alg):
         return f"refused: {reason}"
     fallback = f" ({alg.fallback})" if alg.fallback else ""
     return f"DP with server noise only{fallback}; no secure sums: {reason}"

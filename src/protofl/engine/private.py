@@ -73,15 +73,22 @@ def check(cfg: Config, alg: Algorithm) -> None:
     if p.noise == "client" and reason:
         raise ProtoflError(f"privacy.noise = client: {alg.name}'s server cannot work from "
                            f"noised sums: {reason}; use privacy.noise: server")
-    # server-side noise: the server may score raw uploads (bounded client weights), but a
-    # rule that is no ratio of sums, or reads an upload for more than a weight, is refused
-    others = [k for k, e in alg.upload_spec().items() if e.kind == "other"]
-    if not sums(alg) or others:
-        why = reason if not sums(alg) else f"its server reads {others[0]!r} of each client"
+    why = dp_refusal(alg)
+    if why:
         raise ProtoflError(f"privacy: {alg.name} cannot be trained with client-level DP: {why}")
     if cfg.clients.sampling == "weighted":
         raise ProtoflError("privacy: clients.sampling = weighted picks clients by their data "
                            "size, which no DP accountant covers; set clients.sampling: uniform")
+
+
+def dp_refusal(alg: Algorithm) -> str:
+    """Why ``alg`` cannot be trained with client-level DP even under server-side noise ("" when
+    it can): the server may score raw uploads (bounded client weights), but a rule that is no
+    ratio of sums, or reads an upload for more than a weight, is refused."""
+    if not sums(alg):
+        return sums_reason(alg)
+    others = [k for k, e in alg.upload_spec().items() if e.kind == "other"]
+    return f"its server reads {others[0]!r} of each client" if others else ""
 
 
 class SumOfContributions(Aggregation):
