@@ -7,20 +7,21 @@ import math
 import pytest
 
 from protofl.errors import ProtoflError
-from protofl.report.claims import paired, readings, side, t_interval, verdict
+from protofl.report.claims import curve, curves, paired, readings, side, t_interval, verdict
 
 
 def test_readings_last_tenth_and_area():
     rows = [{"round": t, "accuracy": t / 10} for t in range(1, 11)]  # 0.1 .. 1.0
-    assert readings(rows, "accuracy") == pytest.approx({"last": 1.0, "area": 0.55})
+    assert readings(curve(rows, "accuracy")[1]) == pytest.approx({"last": 1.0, "area": 0.55})
     # 11 evaluated rounds: ceil(1.1) = 2 in the tail, (1.0 + 1.1) / 2
     rows.append({"round": 11, "accuracy": 1.1})
-    assert readings(rows, "accuracy")["last"] == pytest.approx(1.05)
+    assert readings(curve(rows, "accuracy")[1])["last"] == pytest.approx(1.05)
     # rows without the metric (not evaluated) do not count
     rows.append({"round": 12})
-    assert readings(rows, "accuracy")["last"] == pytest.approx(1.05)
+    assert curve(rows, "accuracy")[0] == list(range(1, 12))
+    assert readings(curve(rows, "accuracy")[1])["last"] == pytest.approx(1.05)
     with pytest.raises(ProtoflError):
-        readings([{"round": 1}], "miou")
+        curve([{"round": 1}], "miou")
 
 
 def test_t_interval_by_hand():
@@ -67,7 +68,7 @@ def test_paired_by_seed_and_partition(tmp_path):
         _run(tmp_path / "b" / f"seed{s}", s, [0.4] * 4 + [0.5])
     _run(tmp_path / "m" / "seed9", 9, [0.9] * 5)  # no baseline of seed 9: left out
     (tmp_path / "b" / "seed4" / "summary.json").unlink()  # unfinished: left out
-    res = paired(tmp_path, "m", "b", "accuracy")
+    res = paired(curves(tmp_path / "m", "accuracy"), curves(tmp_path / "b", "accuracy"))
     assert res["n"] == 4
     # last: 0.10, 0.11, 0.12, 0.13 -> mean 0.115; area: 0.1 + 0.002 s
     assert res["intervals"]["last"]["mean"] == pytest.approx(0.115)
@@ -76,4 +77,5 @@ def test_paired_by_seed_and_partition(tmp_path):
     assert res["verdict"] == "inconclusive"  # 4 pairs < 5
     _run(tmp_path / "b" / "seed7", 7, [0.4] * 5, data_seed=0)
     _run(tmp_path / "m" / "seed7", 7, [0.4] * 5, data_seed=1)  # another partition: unpaired
-    assert paired(tmp_path, "m", "b", "accuracy")["n"] == 4
+    assert paired(curves(tmp_path / "m", "accuracy"),
+                  curves(tmp_path / "b", "accuracy"))["n"] == 4

@@ -149,22 +149,69 @@ def test_shapes_starts_from_an_encoder_pretrained_before_its_runs(tmp_path, caps
         capsys.readouterr().err)
 
 
+def _finished(folder: Path, seed: int, values: list[float]) -> None:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"seed": seed, "data": {"seed": seed}}))
+    (folder / "metrics.jsonl").write_text("".join(
+        json.dumps({"round": t + 1, "accuracy": v}) + "\n" for t, v in enumerate(values)))
+    (folder / "summary.json").write_text("{}")
+
+
+def _digits(out: Path, seeds: range, budget: str = "paper", gap: float = 0.1) -> None:
+    """A reproduce folder of the digits claim: fedmargin ``gap`` (+ 0.01 s) above fedavg."""
+    from protofl.reproduce import write_record
+
+    for s in seeds:
+        _finished(out / "digits/default/fedmargin" / f"seed{s}", s, [0.5, 0.5 + gap + 0.01 * s])
+        _finished(out / "digits/default/fedavg" / f"seed{s}", s, [0.5, 0.5])
+    write_record(out, {"digits": {"budget": budget, "status": "run", "seeds": list(seeds),
+                                  "splits": ["default"]}})
+
+
 def test_tables_take_the_largest_budget_that_ran(tmp_path):
     from protofl.reproduce import write_record
-    from protofl.reproduce.tables import merged_records
+    from protofl.reproduce.evidence import merge
 
     short, paper = tmp_path / "s", tmp_path / "p"
-    write_record(short, {"digits": {"budget": "short", "status": "run", "seeds": [0]},
-                         "shapes": {"budget": "short", "status": "run", "seeds": [0]}})
-    write_record(paper, {"digits": {"budget": "paper", "status": "run", "seeds": [0]},
-                         "shapes": {"budget": "paper", "status": "not run here: x",
+    _digits(short, range(2), "short")
+    _digits(paper, range(1))
+    write_record(short, {"shapes": {"budget": "short", "status": "run", "seeds": [0]}})
+    write_record(paper, {"shapes": {"budget": "paper", "status": "not run here: x",
                                     "seeds": []}})
     write_record(paper, {"mnist": {"budget": "paper", "status": "not run here: y",
                                    "seeds": []}})  # merged into the record, not replacing it
-    best = merged_records([paper, short])
-    assert (best["digits"]["budget"], best["digits"]["folder"]) == ("paper", paper)
-    assert (best["shapes"]["budget"], best["shapes"]["folder"]) == ("short", short)
+    best = merge([paper, short])
+    assert best["digits"]["budget"] == "paper" and best["digits"]["seeds"] == [0]
+    assert list(best["digits"]["runs"]["default"]["fedmargin"]) == [(0, 0)]
+    assert best["shapes"]["budget"] == "short"
     assert best["mnist"]["status"] == "not run here: y"
+
+
+def test_evidence_files_regenerate_the_tables_and_take_more_seeds(tmp_path, capsys):
+    """The tables from the committed evidence equal those from the run folders; runs of one
+    budget from several sources are taken together (seeds 0-1 archived + 2-4 new = 5)."""
+    from protofl.reproduce.evidence import load
+    from protofl.reproduce.tables import reproduction_markdown
+
+    old, new, ev = tmp_path / "old", tmp_path / "new", tmp_path / "evidence"
+    _digits(old, range(2))
+    md = tmp_path / "r.md"
+    assert main(["report", str(old), "--reproduction", str(md), "--evidence", str(ev)]) == 0
+    assert sorted(p.name for p in ev.iterdir()) == ["digits.json"]
+    assert reproduction_markdown([ev]) == reproduction_markdown([old])
+    assert load(ev)["digits"]["runs"]["default"]["fedmargin"][(1, 1)] == pytest.approx([0.5, 0.61])
+    _digits(new, range(2, 5))
+    text = reproduction_markdown([ev, new])
+    # per seed: last +0.10 + 0.01 s, area half that; n = 5 -> both intervals above 0
+    row = next(line for line in text.splitlines() if line.startswith("| **digits**"))
+    assert "last 10%: +0.120" in row and "area: +0.060" in row and "n = 5" in row
+    assert "**reproduced**" in row and "seeds 0, 1, 2, 3, 4" in row
+    (ev / "digits.json").write_text('{"format": "protofl-reproduce-evidence/1", "claim": '
+                                    '"digits", "budget": "paper"}')
+    assert main(["report", str(ev), "--reproduction", str(md), "--overwrite"]) == 2
+    assert "is not a protofl evidence file (a field is missing" in capsys.readouterr().err
+    assert main(["report", str(old), "--evidence", str(ev)]) == 2
+    assert "--evidence is an option of --reproduction" in capsys.readouterr().err
 
 
 def test_reproduction_report_refuses_bad_input(tmp_path, capsys):

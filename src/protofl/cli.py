@@ -109,11 +109,14 @@ def cmd_report(args) -> int:
     from protofl.report.markdown import write_markdown
     from protofl.report.sections import sections
 
+    if args.evidence and not args.reproduction:
+        raise ProtoflError("--evidence is an option of --reproduction")
     if args.reproduction:  # the claim tables of `protofl suite reproduce` folders
         from protofl.reproduce.tables import write_reproduction
 
         md = write_reproduction([_path(d) for d in args.dirs], _path(args.reproduction),
-                                args.overwrite)
+                                args.overwrite,
+                                _path(args.evidence) if args.evidence else None)
         print(f"reproduction: {md}")
         return 0
     secs = sections([_path(d) for d in args.dirs])
@@ -389,7 +392,10 @@ def report_parsers(sub) -> None:
     q.add_argument("--figures", metavar="DIR", help="folder for the Markdown's PNGs "
                    "(default: img/ beside FILE)")
     q.add_argument("--reproduction", metavar="FILE", help="instead: the claim tables of "
-                   "`protofl suite reproduce` folders into FILE (e.g. docs/reproduction.md)")
+                   "`protofl suite reproduce` folders and evidence folders into FILE (e.g. "
+                   "docs/reproduction.md)")
+    q.add_argument("--evidence", metavar="DIR", help="with --reproduction: also write the "
+                   "merged runs' curves there, a JSON file a claim (e.g. docs/reproduction)")
     q.add_argument("--title", default="protofl report", help="the page's title")
     q.add_argument("--overwrite", action="store_true", help="replace existing output files")
     q.set_defaults(func=cmd_report)

@@ -31,11 +31,17 @@ LEVEL = 0.95
 READINGS = ("last", "area")
 
 
-def readings(rows: list[dict], metric: str, tail: float = TAIL) -> dict[str, float]:
-    """``{last: mean of the last ceil(tail · n) evaluated values, area: mean of all}``."""
-    values = [float(r[metric]) for r in rows if isinstance(r.get(metric), (int, float))]
-    if not values:
+def curve(rows: list[dict], metric: str) -> tuple[list[int], list[float]]:
+    """``(rounds, values)`` of the rounds that logged ``metric`` (the evaluated ones)."""
+    points = [(int(r["round"]), float(r[metric])) for r in rows
+              if isinstance(r.get(metric), (int, float))]
+    if not points:
         raise ProtoflError(f"no evaluated round logs {metric!r}")
+    return [t for t, _ in points], [v for _, v in points]
+
+
+def readings(values: list[float], tail: float = TAIL) -> dict[str, float]:
+    """``{last: mean of the last ceil(tail · n) values, area: mean of all}``."""
     k = max(1, math.ceil(tail * len(values)))
     return {"last": float(np.mean(values[-k:])), "area": float(np.mean(values))}
 
@@ -74,23 +80,27 @@ def verdict(intervals: dict[str, dict[str, Any]], min_seeds: int = MIN_SEEDS) ->
     return "inconclusive"
 
 
-def _runs(folder: Path, metric: str) -> dict[tuple[int, int], dict[str, float]]:
-    """``(seed, data.seed) -> readings`` of every finished run ``folder/seed*``."""
+Curves = dict[tuple[int, int], list[float]]  # (seed, data.seed) -> evaluated values
+
+
+def curves(folder: Path, metric: str) -> Curves:
+    """``(seed, data.seed) -> values`` of every finished run ``folder/seed*``."""
     out = {}
     for run in sorted(folder.glob("seed*")):
         if not (run / runfolder.SUMMARY).exists():
             continue
         cfg = runfolder.load_config_json(run)
         key = (int(cfg.get("seed", 0)), int(cfg.get("data", {}).get("seed", 0)))
-        out[key] = readings(runfolder.read_metrics(run), metric)
+        out[key] = curve(runfolder.read_metrics(run), metric)[1]
     return out
 
 
-def paired(split_dir: Path, method: str, baseline: str, metric: str) -> dict[str, Any]:
-    """The paired comparison of two variants of one split: per-reading intervals of the
-    difference, the variants' mean readings, and the verdict."""
-    a, b = _runs(split_dir / method, metric), _runs(split_dir / baseline, metric)
-    keys = sorted(a.keys() & b.keys())
+def paired(method: Curves, baseline: Curves) -> dict[str, Any]:
+    """The paired comparison of two variants' runs (matched on seed and partition):
+    per-reading intervals of the difference, the variants' mean readings, the verdict."""
+    keys = sorted(method.keys() & baseline.keys())
+    a = {k: readings(method[k]) for k in keys}
+    b = {k: readings(baseline[k]) for k in keys}
     ivs = {r: t_interval([a[k][r] - b[k][r] for k in keys]) for r in READINGS}
     means = {name: {r: float(np.mean([runs[k][r] for k in keys])) if keys else math.nan
                     for r in READINGS} for name, runs in (("method", a), ("baseline", b))}

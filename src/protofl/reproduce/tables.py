@@ -1,39 +1,15 @@
-"""The claim tables of docs/reproduction.md from `protofl suite reproduce` folders."""
+"""The claim tables of docs/reproduction.md from `protofl suite reproduce` folders and
+evidence files."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from protofl.errors import ProtoflError
 from protofl.report.claims import MIN_SEEDS, paired, result_text
+from protofl.reproduce import evidence
 from protofl.reproduce.claims import CLAIMS, Claim
-from protofl.reproduce.plan import PLAN_FILE
-
-
-def load_record(folder: Path) -> dict[str, dict]:
-    """``{claim: {budget, status, seeds}}`` from a reproduce folder's record."""
-    path = Path(folder) / PLAN_FILE
-    try:
-        record = json.loads(path.read_text())["claims"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise ProtoflError(f"{folder} is not a `protofl suite reproduce` folder (no readable "
-                           f"{PLAN_FILE})") from None
-    return {name: {**entry, "folder": Path(folder)} for name, entry in record.items()}
-
-
-def merged_records(folders: list[Path]) -> dict[str, dict]:
-    """Per claim, the record of the largest budget that ran (else the last one given)."""
-    best: dict[str, dict] = {}
-    for folder in folders:
-        for name, entry in load_record(folder).items():
-            old = best.get(name)
-            ran, old_ran = entry["status"] == "run", old and old["status"] == "run"
-            if (old is None or (ran and not old_ran)
-                    or (ran and old_ran and entry["budget"] == "paper")):
-                best[name] = entry
-    return best
 
 
 def change_text(claim: Claim, entry: dict, res: dict[str, Any] | None, first: bool = True) -> str:
@@ -88,8 +64,8 @@ def claim_rows(claim: Claim, entry: dict | None) -> list[str]:
     budget = f"{entry['budget']}, seeds {', '.join(map(str, seeds))}"
     for split in entry.get("splits") or claim.splits:
         for c in claim.comparisons:
-            res = paired(entry["folder"] / claim.name / split, c.method, c.baseline,
-                         claim.metric)
+            runs = entry["runs"].get(split, {})
+            res = paired(runs.get(c.method, {}), runs.get(c.baseline, {}))
             where = "" if split == "default" else f"{split}: "
             lead = ["", "", ""] if rows else [_cell(head), _cell(protocol), budget]
             if res["n"]:
@@ -103,10 +79,14 @@ def claim_rows(claim: Claim, entry: dict | None) -> list[str]:
     return rows
 
 
-def reproduction_markdown(folders: list[Path], only: list[str] | None = None) -> str:
+def reproduction_markdown(sources: list[Path], only: list[str] | None = None) -> str:
     """One table per seed over every claim (``only``: just these), from the reproduce
-    folders given (per claim the largest budget that ran)."""
-    records = merged_records([Path(f) for f in folders])
+    folders and evidence files given (``evidence.merge``)."""
+    return tables_markdown(evidence.merge([Path(f) for f in sources]), only)
+
+
+def tables_markdown(records: dict[str, dict], only: list[str] | None = None) -> str:
+    """One table per seed over every claim (``only``: just these) of merged records."""
     lines = []
     for doc, title in SEED_TITLES.items():
         claims = [c for c in CLAIMS.values() if c.seed_doc == doc
@@ -120,8 +100,11 @@ def reproduction_markdown(folders: list[Path], only: list[str] | None = None) ->
     return "\n".join(lines).rstrip("\n")
 
 
-def write_reproduction(folders: list[Path], md: Path, overwrite: bool = False) -> Path:
-    """Write (or update the generated section of) ``md`` with the claim tables."""
+def write_reproduction(sources: list[Path], md: Path, overwrite: bool = False,
+                       evidence_dir: Path | None = None) -> Path:
+    """Write (or update the generated section of) ``md`` with the claim tables of the
+    reproduce folders and evidence files given; ``evidence_dir``: also write there the
+    merged evidence the tables were read from, a file a claim."""
     from protofl.report import outputs
     from protofl.report.markdown import begin, end, merge_sections
 
@@ -130,7 +113,10 @@ def write_reproduction(folders: list[Path], md: Path, overwrite: bool = False) -
         raise ProtoflError(f"{md} exists; pass --overwrite to update its generated section")
     outputs.writable(md)
     name = "reproduction"
-    block = "\n".join([begin(name), "", reproduction_markdown(folders), "", end(name)])
+    records = evidence.merge([Path(f) for f in sources])
+    block = "\n".join([begin(name), "", tables_markdown(records), "", end(name)])
     old = md.read_text() if md.exists() else "# Reproduction\n"
+    if evidence_dir is not None:
+        evidence.write(records, evidence_dir)
     outputs.write_text(md, merge_sections(old, {name: block}))
     return md

@@ -1,0 +1,132 @@
+"""The evidence behind docs/reproduction.md: per claim, the evaluated curve of every finished
+run, in one JSON file a claim (``docs/reproduction/<claim>.json``).
+
+Run folders are large and live outside the repository; the evidence files are small and are
+committed beside the tables, so the tables can be regenerated, checked and extended with
+more seeds without the run folders: ``protofl report`` reads reproduce folders and evidence
+folders alike and merges them (see ``merge``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from protofl.errors import ProtoflError
+from protofl.report.claims import Curves, curves
+from protofl.reproduce.claims import CLAIMS
+from protofl.reproduce.plan import PLAN_FILE
+
+FORMAT = "protofl-reproduce-evidence/1"
+# an entry: {budget, status, seeds, splits, runs: {split: {variant: Curves}}}
+Entry = dict[str, Any]
+
+
+def from_folder(folder: Path) -> dict[str, Entry]:
+    """Every claim of a ``protofl suite reproduce`` folder, its finished runs' curves read."""
+    path = Path(folder) / PLAN_FILE
+    try:
+        record = json.loads(path.read_text())["claims"]
+        if not isinstance(record, dict):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ProtoflError(f"{folder} is not a `protofl suite reproduce` folder (no readable "
+                           f"{PLAN_FILE}) nor a folder of evidence files") from None
+    out = {}
+    for name, entry in record.items():
+        claim = CLAIMS.get(name)
+        if claim is None:  # a claim this version no longer has
+            continue
+        runs: dict[str, dict[str, Curves]] = {}
+        if entry.get("status") == "run":
+            for split in entry.get("splits") or claim.splits:
+                runs[split] = {v: found for v in claim.variants
+                               if (found := curves(Path(folder) / name / split / v,
+                                                   claim.metric))}
+        out[name] = {**entry, "runs": runs}
+    return out
+
+
+def _encode(entry: Entry) -> dict[str, Any]:
+    return {**entry, "runs": {
+        split: {v: [{"seed": s, "data_seed": d, "values": vals}
+                    for (s, d), vals in sorted(c.items())] for v, c in variants.items()}
+        for split, variants in entry["runs"].items()}}
+
+
+def _decode(doc: dict[str, Any], path: Path) -> Entry:
+    try:
+        runs = {split: {v: {(int(r["seed"]), int(r["data_seed"])): [float(x) for x in r["values"]]
+                            for r in rows} for v, rows in variants.items()}
+                for split, variants in doc["runs"].items()}
+        return {"budget": str(doc["budget"]), "status": str(doc["status"]),
+                "seeds": [int(s) for s in doc["seeds"]], "splits": list(doc["splits"]),
+                "runs": runs}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise ProtoflError(f"{path} is not a protofl evidence file (a field is missing or "
+                           "malformed)") from None
+
+
+def write(entries: dict[str, Entry], folder: Path) -> list[Path]:
+    """One evidence file a claim under ``folder`` (``<claim>.json``, replaced)."""
+    from protofl.report import outputs
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, entry in entries.items():
+        path = folder / f"{name}.json"
+        doc = {"format": FORMAT, "claim": name, **_encode(entry)}
+        outputs.write_text(path, json.dumps(doc, indent=None, separators=(",", ":")) + "\n")
+        paths.append(path)
+    return paths
+
+
+def load(source: Path) -> dict[str, Entry]:
+    """The claims of a reproduce folder, an evidence file or a folder of evidence files."""
+    source = Path(source)
+    if source.is_dir() and not (source / PLAN_FILE).exists():
+        files = sorted(source.glob("*.json"))
+        if files:
+            return {k: v for f in files for k, v in load(f).items()}
+    if source.is_file():
+        try:
+            doc = json.loads(source.read_text())
+        except (OSError, ValueError):
+            raise ProtoflError(f"{source} is not a protofl evidence file (not JSON)") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ProtoflError(f"{source} is not a protofl evidence file (format {FORMAT})")
+        if doc.get("claim") not in CLAIMS:
+            return {}  # a claim this version no longer has
+        return {doc["claim"]: _decode(doc, source)}
+    return from_folder(source)
+
+
+def _union(old: Entry, new: Entry) -> Entry:
+    """Two entries of one claim at one budget: their runs together (``new`` wins a run both
+    hold), their seeds and splits together."""
+    runs = {split: {v: dict(c) for v, c in variants.items()}
+            for split, variants in old["runs"].items()}
+    for split, variants in new["runs"].items():
+        for v, c in variants.items():
+            runs.setdefault(split, {}).setdefault(v, {}).update(c)
+    return {**new, "seeds": sorted({*old["seeds"], *new["seeds"]}),
+            "splits": list(dict.fromkeys([*old["splits"], *new["splits"]])), "runs": runs}
+
+
+def merge(sources: list[Path]) -> dict[str, Entry]:
+    """Per claim, the runs of the largest budget that ran (``paper`` over ``short``), the
+    sources of that budget taken together (a later source wins a run both hold); a claim
+    that ran nowhere keeps the last record given (why it did not run)."""
+    best: dict[str, Entry] = {}
+    for source in sources:
+        for name, entry in load(source).items():
+            entry.setdefault("splits", list(CLAIMS[name].splits))
+            old = best.get(name)
+            ran, old_ran = entry["status"] == "run", old is not None and old["status"] == "run"
+            if old_ran and ran and entry["budget"] == old["budget"]:
+                best[name] = _union(old, entry)
+            elif old is None or (ran and not old_ran) or (ran and entry["budget"] == "paper"):
+                best[name] = entry
+    return best
