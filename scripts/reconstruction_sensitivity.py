@@ -20,7 +20,7 @@ import argparse
 from pathlib import Path
 
 from protofl.config import apply_set, config_from_dict, merge
-from protofl.report.claims import paired, result_text
+from protofl.report.claims import curves, paired, result_text
 from protofl.reproduce.claims import CLAIMS, NO_COSTLY
 from protofl.reproduce.plan import budget_config
 from protofl.suites import execute, seeded
@@ -57,8 +57,9 @@ def main() -> None:
     execute(work, args.jobs, "sensitivity")
     for alt in args.alternatives:
         folder = args.out / claim.name / alt
+        alt_runs = curves(folder / "fedmargin-alt", claim.metric)
         for baseline in ("fedmargin", "fedavg"):
-            res = paired(folder, "fedmargin-alt", baseline, claim.metric)
+            res = paired(alt_runs, curves(folder / baseline, claim.metric))
             print(f"{alt} − {baseline}: {result_text(res)}: {res['verdict']}")
 
 
