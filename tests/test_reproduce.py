@@ -124,6 +124,7 @@ def test_short_budget_end_to_end(tmp_path, capsys):
     doc = md.read_text()
     assert "First seed" in doc and "Second seed" in doc and "**celeba**" in doc
     assert "<!-- protofl report reproduction: begin" in doc
+    assert not (tmp_path / "img").exists() and "reproduction.png" not in doc  # 1 seed: none
     assert main(["suite", "main", "--claims", "digits"]) == 2
     assert "--claims and --splits are options of 'protofl suite reproduce'" in (
         capsys.readouterr().err)
@@ -198,6 +199,8 @@ def test_evidence_files_regenerate_the_tables_and_take_more_seeds(tmp_path, caps
     md = tmp_path / "r.md"
     assert main(["report", str(old), "--reproduction", str(md), "--evidence", str(ev)]) == 0
     assert sorted(p.name for p in ev.iterdir()) == ["digits.json"]
+    assert (tmp_path / "img" / "reproduction.png").stat().st_size > 0  # 2 pairs: drawn
+    assert "](img/reproduction.png)" in md.read_text()
     assert reproduction_markdown([ev]) == reproduction_markdown([old])
     assert load(ev)["digits"]["runs"]["default"]["fedmargin"][(1, 1)] == pytest.approx([0.5, 0.61])
     _digits(new, range(2, 5))

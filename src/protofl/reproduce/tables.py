@@ -3,13 +3,14 @@ evidence files."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from protofl.errors import ProtoflError
 from protofl.report.claims import MIN_SEEDS, paired, result_text
 from protofl.reproduce import evidence
-from protofl.reproduce.claims import CLAIMS, Claim
+from protofl.reproduce.claims import CLAIMS, Claim, Comparison
 
 
 def change_text(claim: Claim, entry: dict, res: dict[str, Any] | None, first: bool = True) -> str:
@@ -44,6 +45,14 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def results(claim: Claim, entry: dict) -> Iterator[tuple[str, Comparison, dict[str, Any]]]:
+    """``(split, comparison, paired result)`` of every comparison of a claim that ran."""
+    for split in entry.get("splits") or claim.splits:
+        runs = entry["runs"].get(split, {})
+        for c in claim.comparisons:
+            yield split, c, paired(runs.get(c.method, {}), runs.get(c.baseline, {}))
+
+
 def claim_rows(claim: Claim, entry: dict | None) -> list[str]:
     """The table rows of one claim: one per (split, comparison) when it ran, else one."""
     protocol = "; ".join(claim.sources)
@@ -60,22 +69,20 @@ def claim_rows(claim: Claim, entry: dict | None) -> list[str]:
                 f"{first.baseline} ({first.differs}) and {len(claim.comparisons) - 1} more | "
                 f"– | {state} | {_cell(change)} |"]
     rows = []
-    seeds = entry.get("seeds", [])
-    budget = f"{entry['budget']}, seeds {', '.join(map(str, seeds))}"
-    for split in entry.get("splits") or claim.splits:
-        for c in claim.comparisons:
-            runs = entry["runs"].get(split, {})
-            res = paired(runs.get(c.method, {}), runs.get(c.baseline, {}))
-            where = "" if split == "default" else f"{split}: "
-            lead = ["", "", ""] if rows else [_cell(head), _cell(protocol), budget]
-            if res["n"]:
-                result, word = result_text(res), f"**{res['verdict']}**"
-                change = change_text(claim, entry, res, first=not rows)
-            else:  # the suite was stopped before these variants ran
-                result, word = "no paired runs yet", "not run yet"
-                change = f"run `{claim.command(entry['budget'])}` to the end"
-            rows.append(f"| {' | '.join(lead)} | {where}{c.method} − {c.baseline} "
-                        f"({c.differs}) | {result} | {word} | {_cell(change)} |")
+    seeds = sorted({s for variants in entry["runs"].values() for c in variants.values()
+                    for s, _ in c})
+    budget = f"{entry['budget']}, seeds {', '.join(map(str, seeds)) or 'none finished'}"
+    for split, c, res in results(claim, entry):
+        where = "" if split == "default" else f"{split}: "
+        lead = ["", "", ""] if rows else [_cell(head), _cell(protocol), budget]
+        if res["n"]:
+            result, word = result_text(res), f"**{res['verdict']}**"
+            change = change_text(claim, entry, res, first=not rows)
+        else:  # the suite was stopped before these variants ran
+            result, word = "no paired runs yet", "not run yet"
+            change = f"run `{claim.command(entry['budget'])}` to the end"
+        rows.append(f"| {' | '.join(lead)} | {where}{c.method} − {c.baseline} "
+                    f"({c.differs}) | {result} | {word} | {_cell(change)} |")
     return rows
 
 
@@ -104,7 +111,8 @@ def write_reproduction(sources: list[Path], md: Path, overwrite: bool = False,
                        evidence_dir: Path | None = None) -> Path:
     """Write (or update the generated section of) ``md`` with the claim tables of the
     reproduce folders and evidence files given; ``evidence_dir``: also write there the
-    merged evidence the tables were read from, a file a claim."""
+    merged evidence the tables were read from, a file a claim. Every comparison with two
+    pairs or more is also drawn, in ``img/reproduction.png`` beside ``md``."""
     from protofl.report import outputs
     from protofl.report.markdown import begin, end, merge_sections
 
@@ -113,8 +121,13 @@ def write_reproduction(sources: list[Path], md: Path, overwrite: bool = False,
         raise ProtoflError(f"{md} exists; pass --overwrite to update its generated section")
     outputs.writable(md)
     name = "reproduction"
+    from protofl.reproduce.figure import forest
+
     records = evidence.merge([Path(f) for f in sources])
-    block = "\n".join([begin(name), "", tables_markdown(records), "", end(name)])
+    figure = forest(records, md.parent / "img" / "reproduction.png")
+    glance = ([f"![every comparison's mean difference and 95% interval, coloured by verdict]"
+               f"({figure.relative_to(md.parent).as_posix()})", ""] if figure else [])
+    block = "\n".join([begin(name), "", *glance, tables_markdown(records), "", end(name)])
     old = md.read_text() if md.exists() else "# Reproduction\n"
     if evidence_dir is not None:
         evidence.write(records, evidence_dir)
