@@ -153,8 +153,9 @@ def test_shapes_starts_from_an_encoder_pretrained_before_its_runs(tmp_path, caps
 def _finished(folder: Path, seed: int, values: list[float]) -> None:
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps({"seed": seed, "data": {"seed": seed}}))
-    (folder / "metrics.jsonl").write_text("".join(
-        json.dumps({"round": t + 1, "accuracy": v}) + "\n" for t, v in enumerate(values)))
+    (folder / "metrics.jsonl").write_text("".join(  # AMM: 10 x accuracy - 4 (rho = 1)
+        json.dumps({"round": t + 1, "accuracy": v, "amm": 10 * v - 4}) + "\n"
+        for t, v in enumerate(values)))
     (folder / "summary.json").write_text("{}")
 
 
@@ -209,6 +210,7 @@ def test_evidence_files_regenerate_the_tables_and_take_more_seeds(tmp_path, caps
     row = next(line for line in text.splitlines() if line.startswith("| **digits**"))
     assert "last 10%: +0.120" in row and "area: +0.060" in row and "n = 5" in row
     assert "**reproduced**" in row and "seeds 0, 1, 2, 3, 4" in row
+    assert "| digits (paper; every run) | 10 | +1.00 [+1.00, +1.00] | 0 | **reproduced** |" in text
     (ev / "digits.json").write_text('{"format": "protofl-reproduce-evidence/1", "claim": '
                                     '"digits", "budget": "paper"}')
     assert main(["report", str(ev), "--reproduction", str(md), "--overwrite"]) == 2
@@ -243,3 +245,22 @@ def test_a_paper_claim_stopped_short_of_five_seeds_says_what_they_cost():
     assert f"at least 5 seeds (here: {claim.cost})" in first
     later = change_text(claim, entry, {"n": 1, "verdict": "inconclusive"}, first=False)
     assert "at least 5 seeds" in later and claim.cost not in later
+
+
+def test_amm_correlation_by_hand():
+    import math
+
+    from scipy import stats
+
+    from protofl.reproduce.tables import correlation
+
+    # x - 3 = -2..2, y - 3 = -1, -2, 1, 0, 2: r = 8 / sqrt(10 * 10) = 0.8
+    r = correlation([1, 2, 3, 4, 5], [2, 1, 4, 3, 5])
+    assert r["rho"] == pytest.approx(0.8) and r["n"] == 5
+    # Fisher: z = atanh(0.8) = 1.098612, se = 1 / sqrt(5 - 3); t = 0.8 sqrt(3) / 0.6, 3 df
+    z, se = math.atanh(0.8), 1 / math.sqrt(2)
+    assert r["lo"] == pytest.approx(math.tanh(z - 1.959964 * se), abs=1e-5)  # -0.2796
+    assert r["hi"] == pytest.approx(math.tanh(z + 1.959964 * se), abs=1e-5)  # 0.9864
+    assert r["p"] == pytest.approx(2 * stats.t.sf(0.8 * math.sqrt(3) / 0.6, 3))
+    assert math.isnan(correlation([1, 2, 3], [1, 2, 4])["rho"])  # too few points
+    assert math.isnan(correlation([1, 1, 1, 1], [1, 2, 3, 4])["rho"])  # constant

@@ -83,15 +83,18 @@ def verdict(intervals: dict[str, dict[str, Any]], min_seeds: int = MIN_SEEDS) ->
 Curves = dict[tuple[int, int], list[float]]  # (seed, data.seed) -> evaluated values
 
 
-def curves(folder: Path, metric: str) -> Curves:
-    """``(seed, data.seed) -> values`` of every finished run ``folder/seed*``."""
+def curves(folder: Path, metric: str, required: bool = True) -> Curves:
+    """``(seed, data.seed) -> values`` of every finished run ``folder/seed*`` (``required``
+    False: runs that never logged ``metric`` are left out instead of refused)."""
     out = {}
     for run in sorted(folder.glob("seed*")):
         if not (run / runfolder.SUMMARY).exists():
             continue
         cfg = runfolder.load_config_json(run)
         key = (int(cfg.get("seed", 0)), int(cfg.get("data", {}).get("seed", 0)))
-        out[key] = curve(runfolder.read_metrics(run), metric)[1]
+        rows = runfolder.read_metrics(run)
+        if required or any(isinstance(r.get(metric), (int, float)) for r in rows):
+            out[key] = curve(rows, metric)[1]
     return out
 
 

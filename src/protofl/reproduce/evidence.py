@@ -1,5 +1,6 @@
 """The evidence behind docs/reproduction.md: per claim, the evaluated curve of every finished
-run, in one JSON file a claim (``docs/reproduction/<claim>.json``).
+run (the claim's metric, and the AMM where it is logged), in one JSON file a claim
+(``docs/reproduction/<claim>.json``).
 
 Run folders are large and live outside the repository; the evidence files are small and are
 committed beside the tables, so the tables can be regenerated, checked and extended with
@@ -14,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from protofl.errors import ProtoflError
-from protofl.report.claims import Curves, curves
+from protofl.report.claims import curves
 from protofl.reproduce.claims import CLAIMS
 from protofl.reproduce.plan import PLAN_FILE
 
 FORMAT = "protofl-reproduce-evidence/1"
-# an entry: {budget, status, seeds, splits, runs: {split: {variant: Curves}}}
+# an entry: {budget, status, seeds, splits, runs: {split: {variant: Curves}}, amm: the same}
+# ("runs": the claim's metric; "amm": the aggregate mean margin, where a run logs it)
+CURVES = ("runs", "amm")
 Entry = dict[str, Any]
 
 
@@ -38,31 +41,35 @@ def from_folder(folder: Path) -> dict[str, Entry]:
         claim = CLAIMS.get(name)
         if claim is None:  # a claim this version no longer has
             continue
-        runs: dict[str, dict[str, Curves]] = {}
+        read = {key: {} for key in CURVES}
         if entry.get("status") == "run":
             for split in entry.get("splits") or claim.splits:
-                runs[split] = {v: found for v in claim.variants
-                               if (found := curves(Path(folder) / name / split / v,
-                                                   claim.metric))}
-        out[name] = {**entry, "runs": runs}
+                for key, metric, required in (("runs", claim.metric, True),
+                                              ("amm", "amm", False)):
+                    read[key][split] = {
+                        v: found for v in claim.variants
+                        if (found := curves(Path(folder) / name / split / v, metric,
+                                            required))}
+        out[name] = {**entry, **read}
     return out
 
 
 def _encode(entry: Entry) -> dict[str, Any]:
-    return {**entry, "runs": {
+    return {**entry, **{key: {
         split: {v: [{"seed": s, "data_seed": d, "values": vals}
                     for (s, d), vals in sorted(c.items())] for v, c in variants.items()}
-        for split, variants in entry["runs"].items()}}
+        for split, variants in entry.get(key, {}).items()} for key in CURVES}}
 
 
 def _decode(doc: dict[str, Any], path: Path) -> Entry:
     try:
-        runs = {split: {v: {(int(r["seed"]), int(r["data_seed"])): [float(x) for x in r["values"]]
-                            for r in rows} for v, rows in variants.items()}
-                for split, variants in doc["runs"].items()}
+        read = {key: {split: {v: {(int(r["seed"]), int(r["data_seed"])):
+                                  [float(x) for x in r["values"]] for r in rows}
+                              for v, rows in variants.items()}
+                      for split, variants in doc.get(key, {}).items()} for key in CURVES}
         return {"budget": str(doc["budget"]), "status": str(doc["status"]),
                 "seeds": [int(s) for s in doc["seeds"]], "splits": list(doc["splits"]),
-                "runs": runs}
+                **read}
     except (KeyError, TypeError, ValueError, AttributeError):
         raise ProtoflError(f"{path} is not a protofl evidence file (a field is missing or "
                            "malformed)") from None
@@ -106,13 +113,15 @@ def load(source: Path) -> dict[str, Entry]:
 def _union(old: Entry, new: Entry) -> Entry:
     """Two entries of one claim at one budget: their runs together (``new`` wins a run both
     hold), their seeds and splits together."""
-    runs = {split: {v: dict(c) for v, c in variants.items()}
-            for split, variants in old["runs"].items()}
-    for split, variants in new["runs"].items():
-        for v, c in variants.items():
-            runs.setdefault(split, {}).setdefault(v, {}).update(c)
+    both = {}
+    for key in CURVES:
+        both[key] = {split: {v: dict(c) for v, c in variants.items()}
+                     for split, variants in old.get(key, {}).items()}
+        for split, variants in new.get(key, {}).items():
+            for v, c in variants.items():
+                both[key].setdefault(split, {}).setdefault(v, {}).update(c)
     return {**new, "seeds": sorted({*old["seeds"], *new["seeds"]}),
-            "splits": list(dict.fromkeys([*old["splits"], *new["splits"]])), "runs": runs}
+            "splits": list(dict.fromkeys([*old["splits"], *new["splits"]])), **both}
 
 
 def merge(sources: list[Path]) -> dict[str, Entry]:
