@@ -252,7 +252,7 @@ def test_amm_correlation_by_hand():
 
     from scipy import stats
 
-    from protofl.reproduce.tables import correlation
+    from protofl.reproduce.amm import correlation
 
     # x - 3 = -2..2, y - 3 = -1, -2, 1, 0, 2: r = 8 / sqrt(10 * 10) = 0.8
     r = correlation([1, 2, 3, 4, 5], [2, 1, 4, 3, 5])
