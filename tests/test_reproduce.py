@@ -264,3 +264,19 @@ def test_amm_correlation_by_hand():
     assert r["p"] == pytest.approx(2 * stats.t.sf(0.8 * math.sqrt(3) / 0.6, 3))
     assert math.isnan(correlation([1, 2, 3], [1, 2, 4])["rho"])  # too few points
     assert math.isnan(correlation([1, 1, 1, 1], [1, 2, 3, 4])["rho"])  # constant
+
+
+def test_a_suite_stopped_early_leaves_its_record(tmp_path, monkeypatch):
+    """The record is written before the runs, so a suite killed midway still reports the
+    pairs that finished."""
+    import protofl.suites
+    from protofl.reproduce import run_reproduce
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(protofl.suites, "execute", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_reproduce("digits", "short", tmp_path, seeds=(0,))
+    record = json.loads((tmp_path / "reproduce.json").read_text())["claims"]
+    assert record["digits"]["status"] == "run" and record["digits"]["seeds"] == [0]

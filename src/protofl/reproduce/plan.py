@@ -137,9 +137,9 @@ def run_reproduce(names: str | None, budget: str, out: Path, jobs: int | None = 
     record, work = reproduce_plan(names, budget, out, seeds, overrides, splits)
     for raw, _ in work:
         config_from_dict(raw)  # every config checked before anything runs
+    write_record(out, record)  # first: a suite stopped early leaves a readable folder
     pretrain_encoders(names, budget, out, record)
     execute(work, jobs, f"reproduce ({budget})")
-    write_record(out, record)
     text = reproduction_markdown([out], only=list(record))
     (out / "claims.md").write_text(text + "\n")
     return text
