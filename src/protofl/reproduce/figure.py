@@ -1,5 +1,5 @@
-"""The claims at a glance: every paired comparison's mean difference and 95% interval, on
-both readings, one row each (a forest plot), coloured by its verdict."""
+"""The claims at a glance: every paired comparison's mean difference and 95% interval at
+the paper budget, on both readings, one row each (a forest plot), coloured by its verdict."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ COLOURS = {"reproduced": "tab:green", "not reproduced": "tab:red",
 
 
 def forest(records: dict[str, dict], path: Path) -> Path | None:
-    """Draw the comparisons of every claim that ran with at least 2 pairs into ``path``
-    (PNG); None (nothing written) when there is none."""
+    """Draw the comparisons of every claim that ran at the paper budget with at least 2
+    pairs into ``path`` (PNG); None (nothing written) when there is none."""
     rows = [(f"{name}{'' if split == 'default' else ' ' + split}: {c.method} − {c.baseline}"
              f" (n = {res['n']})", res)
             for name, claim in CLAIMS.items()
             if (entry := records.get(name)) is not None and entry["status"] == "run"
+            and entry["budget"] == "paper"  # the short budget is a smoke test
             for split, c, res in results(claim, entry) if res["n"] >= 2]
     if not rows:
         return None

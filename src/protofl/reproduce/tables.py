@@ -117,8 +117,8 @@ def write_reproduction(sources: list[Path], md: Path, overwrite: bool = False,
                        evidence_dir: Path | None = None) -> Path:
     """Write (or update the generated section of) ``md`` with the claim tables of the
     reproduce folders and evidence files given; ``evidence_dir``: also write there the
-    merged evidence the tables were read from, a file a claim. Every comparison with two
-    pairs or more is also drawn, in ``img/reproduction.png`` beside ``md``."""
+    merged evidence the tables were read from, a file a claim. Every paper-budget comparison
+    with two pairs or more is also drawn, in ``img/reproduction.png`` beside ``md``."""
     from protofl.report import outputs
     from protofl.report.markdown import begin, end, merge_sections
 
