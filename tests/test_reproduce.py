@@ -280,3 +280,15 @@ def test_a_suite_stopped_early_leaves_its_record(tmp_path, monkeypatch):
         run_reproduce("digits", "short", tmp_path, seeds=(0,))
     record = json.loads((tmp_path / "reproduce.json").read_text())["claims"]
     assert record["digits"]["status"] == "run" and record["digits"]["seeds"] == [0]
+
+
+def test_a_claim_run_on_some_splits_names_the_others():
+    from protofl.reproduce.tables import change_text
+
+    claim = CLAIMS["shapes"]
+    entry = {"budget": "paper", "status": "run", "seeds": [0], "splits": ["a0.1"]}
+    text = change_text(claim, entry, {"n": 5, "verdict": "reproduced"}, first=True)
+    assert ("the splits not run here: a0.01, a1 (`protofl suite reproduce --claims shapes "
+            "--budget paper --splits a0.01,a1`)") in text
+    assert "splits not run" not in change_text(claim, {**entry, "splits": list(claim.splits)},
+                                               {"n": 5, "verdict": "reproduced"})

@@ -30,6 +30,10 @@ def change_text(claim: Claim, entry: dict, res: dict[str, Any] | None, first: bo
         why = f" (here: {claim.cost})" if first and claim.cost and entry["budget"] == "paper" \
             else ""
         notes.append(f"at least {MIN_SEEDS} seeds{why}")
+    missing = [k for k in claim.splits if k not in (entry.get("splits") or claim.splits)]
+    if missing and first:
+        notes.append(f"the splits not run here: {', '.join(missing)} (`"
+                     f"{claim.command(entry['budget'])} --splits {','.join(missing)}`)")
     if claim.stand_in and first:
         notes.append(f"a stand-in for {claim.stand_in}: the seed's data")
     return "; ".join(notes) or "another protocol or reconstruction choice (see below)"
