@@ -217,6 +217,9 @@ def test_evidence_files_regenerate_the_tables_and_take_more_seeds(tmp_path, caps
     assert "is not a protofl evidence file (a field is missing" in capsys.readouterr().err
     assert main(["report", str(old), "--evidence", str(ev)]) == 2
     assert "--evidence is an option of --reproduction" in capsys.readouterr().err
+    (old / "reproduce.json").write_text('{"claims": {"digits": 3}}')
+    assert main(["report", str(old), "--reproduction", str(md), "--overwrite"]) == 2
+    assert "the record of claim 'digits' is malformed" in capsys.readouterr().err
 
 
 def test_reproduction_report_refuses_bad_input(tmp_path, capsys):

@@ -41,6 +41,8 @@ def from_folder(folder: Path) -> dict[str, Entry]:
         claim = CLAIMS.get(name)
         if claim is None:  # a claim this version no longer has
             continue
+        if not isinstance(entry, dict) or not isinstance(entry.get("status"), str):
+            raise ProtoflError(f"{path}: the record of claim {name!r} is malformed; remove it")
         read = {key: {} for key in CURVES}
         if entry.get("status") == "run":
             for split in entry.get("splits") or claim.splits:
