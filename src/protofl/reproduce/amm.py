@@ -63,6 +63,8 @@ def amm_rows(records: dict[str, dict]) -> list[str]:
         word = ("inconclusive" if r["n"] < MIN_SEEDS or math.isnan(r["lo"]) else
                 "reproduced" if r["lo"] > 0 else "not reproduced" if r["hi"] <= 0 else
                 "inconclusive")
-        out.append(f"| {label} | {r['n']} | {r['rho']:+.2f} [{r['lo']:+.2f}, "
-                   f"{r['hi']:+.2f}] | {r['p']:.2g} | **{word}** |")
+        rho = ("– (fewer than 4 points, or a constant series)" if math.isnan(r["rho"]) else
+               f"{r['rho']:+.2f} [{r['lo']:+.2f}, {r['hi']:+.2f}]")
+        p = "–" if math.isnan(r["p"]) else f"{r['p']:.2g}"
+        out.append(f"| {label} | {r['n']} | {rho} | {p} | **{word}** |")
     return out
