@@ -117,7 +117,7 @@ def test_short_budget_end_to_end(tmp_path, capsys):
     assert "| not run here | needs MNIST" in text
     record = json.loads((out / "reproduce.json").read_text())["claims"]
     assert record["synthetic"] == {"budget": "short", "status": "run", "seeds": [0],
-                                   "splits": ["default"]}
+                                   "splits": ["default"], "overrides": {"rounds": 1}}
     assert len(list(out.rglob("summary.json"))) == 6
     md = tmp_path / "reproduction.md"
     assert main(["report", str(out), "--reproduction", str(md)]) == 0
@@ -210,7 +210,17 @@ def test_evidence_files_regenerate_the_tables_and_take_more_seeds(tmp_path, caps
     row = next(line for line in text.splitlines() if line.startswith("| **digits**"))
     assert "last 10%: +0.120" in row and "area: +0.060" in row and "n = 5" in row
     assert "**reproduced**" in row and "seeds 0, 1, 2, 3, 4" in row
+    # the command that reruns it (seeds 0-4: the paper budget's, so no --seeds)
+    assert "seeds 0, 1, 2, 3, 4: `protofl suite reproduce --claims digits --budget paper`" in row
     assert "| digits (paper; every run) | 10 | +1.00 [+1.00, +1.00] | 0 | **reproduced** |" in text
+    from protofl.reproduce import write_record
+    from protofl.reproduce.evidence import merge
+
+    other = tmp_path / "other"  # other overrides: its runs replace, never join, the others
+    _digits(other, range(5, 6))
+    write_record(other, {"digits": {"budget": "paper", "status": "run", "seeds": [5],
+                                    "splits": ["default"], "overrides": {"rounds": 2}}})
+    assert list(merge([ev, new, other])["digits"]["runs"]["default"]["fedavg"]) == [(5, 5)]
     (ev / "digits.json").write_text('{"format": "protofl-reproduce-evidence/1", "claim": '
                                     '"digits", "budget": "paper"}')
     assert main(["report", str(ev), "--reproduction", str(md), "--overwrite"]) == 2
@@ -295,3 +305,18 @@ def test_a_claim_run_on_some_splits_names_the_others():
             "--budget paper --splits a0.01,a1`)") in text
     assert "splits not run" not in change_text(claim, {**entry, "splits": list(claim.splits)},
                                                {"n": 5, "verdict": "reproduced"})
+
+
+def test_the_rerun_command_is_the_record_as_it_ran():
+    from protofl.reproduce.plan import rerun_command
+
+    claim = CLAIMS["shapes"]
+    entry = {"budget": "paper", "seeds": [0, 1, 2, 3, 4], "splits": ["a0.1"],
+             "overrides": {"threads": 1, "data": {"root": "data/x"}}}
+    assert rerun_command(claim, entry) == (
+        "protofl suite reproduce --claims shapes --budget paper --splits a0.1 --set threads=1 "
+        "--set data.root=data/x")
+    assert rerun_command(claim, {"budget": "short", "seeds": [0, 1], "splits": []}) == (
+        "protofl suite reproduce --claims shapes --budget short")
+    assert rerun_command(CLAIMS["digits"], {"budget": "paper", "seeds": [5, 6]}) == (
+        "protofl suite reproduce --claims digits --budget paper --seeds 5,6")

@@ -83,19 +83,27 @@ def verdict(intervals: dict[str, dict[str, Any]], min_seeds: int = MIN_SEEDS) ->
 Curves = dict[tuple[int, int], list[float]]  # (seed, data.seed) -> evaluated values
 
 
-def curves(folder: Path, metric: str, required: bool = True) -> Curves:
-    """``(seed, data.seed) -> values`` of every finished run ``folder/seed*`` (``required``
-    False: runs that never logged ``metric`` are left out instead of refused)."""
-    out = {}
+def logged(folder: Path, metric: str, *optional: str) -> dict[str, Curves]:
+    """Per metric, ``(seed, data.seed) -> values`` of every finished run ``folder/seed*``,
+    each run read once: ``metric`` from every run (a run without it is an error), each of
+    ``optional`` from the runs that log it."""
+    out: dict[str, Curves] = {m: {} for m in (metric, *optional)}
     for run in sorted(folder.glob("seed*")):
         if not (run / runfolder.SUMMARY).exists():
             continue
         cfg = runfolder.load_config_json(run)
         key = (int(cfg.get("seed", 0)), int(cfg.get("data", {}).get("seed", 0)))
         rows = runfolder.read_metrics(run)
-        if required or any(isinstance(r.get(metric), (int, float)) for r in rows):
-            out[key] = curve(rows, metric)[1]
+        out[metric][key] = curve(rows, metric)[1]
+        for m in optional:
+            if any(isinstance(r.get(m), (int, float)) for r in rows):
+                out[m][key] = curve(rows, m)[1]
     return out
+
+
+def curves(folder: Path, metric: str) -> Curves:
+    """``(seed, data.seed) -> values`` of every finished run ``folder/seed*``."""
+    return logged(folder, metric)[metric]
 
 
 def paired(method: Curves, baseline: Curves) -> dict[str, Any]:

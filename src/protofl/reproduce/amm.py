@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from protofl.report.claims import MIN_SEEDS
+from protofl.report.claims import verdict
 from protofl.reproduce.claims import CLAIMS, Claim
 
 
@@ -39,7 +39,7 @@ AMM_HEADER = ["| claim | points | Pearson ρ, final AMM vs final metric [95% int
 def amm_rows(records: dict[str, dict]) -> list[str]:
     """The first seed's AMM-accuracy correlation (ρ = 0.68 over its Tables 2 and 4): per
     claim over its runs, and over the variants' means of every paper-budget claim (its
-    Tables' cells); reproduced when the interval lies above 0 (at least 5 points)."""
+    Tables' cells); the claims' verdict rule on rho's interval (above 0, at least 5 points)."""
     rows, cells = [], []
     for claim in CLAIMS.values():
         entry = records.get(claim.name)
@@ -60,9 +60,7 @@ def amm_rows(records: dict[str, dict]) -> list[str]:
                      "means)", correlation([c[0] for c in cells], [c[1] for c in cells])))
     out = []
     for label, r in rows:
-        word = ("inconclusive" if r["n"] < MIN_SEEDS or math.isnan(r["lo"]) else
-                "reproduced" if r["lo"] > 0 else "not reproduced" if r["hi"] <= 0 else
-                "inconclusive")
+        word = verdict({"rho": r})  # the claims' rule, on the interval of rho
         rho = ("– (fewer than 4 points, or a constant series)" if math.isnan(r["rho"]) else
                f"{r['rho']:+.2f} [{r['lo']:+.2f}, {r['hi']:+.2f}]")
         p = "–" if math.isnan(r["p"]) else f"{r['p']:.2g}"

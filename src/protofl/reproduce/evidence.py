@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from protofl.errors import ProtoflError
-from protofl.report.claims import curves
+from protofl.report.claims import logged
 from protofl.reproduce.claims import CLAIMS
 from protofl.reproduce.plan import PLAN_FILE
 
 FORMAT = "protofl-reproduce-evidence/1"
-# an entry: {budget, status, seeds, splits, runs: {split: {variant: Curves}}, amm: the same}
+# an entry: {budget, status, seeds, splits, overrides (the suite's --set, --rounds, --device),
+# runs: {split: {variant: Curves}}, amm: the same}
 # ("runs": the claim's metric; "amm": the aggregate mean margin, where a run logs it)
 CURVES = ("runs", "amm")
 Entry = dict[str, Any]
@@ -43,16 +44,15 @@ def from_folder(folder: Path) -> dict[str, Entry]:
             continue
         if not isinstance(entry, dict) or not isinstance(entry.get("status"), str):
             raise ProtoflError(f"{path}: the record of claim {name!r} is malformed; remove it")
-        read = {key: {} for key in CURVES}
-        if entry.get("status") == "run":
+        read: dict[str, dict] = {key: {} for key in CURVES}
+        if entry["status"] == "run":
             for split in entry.get("splits") or claim.splits:
-                for key, metric, required in (("runs", claim.metric, True),
-                                              ("amm", "amm", False)):
-                    read[key][split] = {
-                        v: found for v in claim.variants
-                        if (found := curves(Path(folder) / name / split / v, metric,
-                                            required))}
-        out[name] = {**entry, **read}
+                for v in claim.variants:
+                    found = logged(Path(folder) / name / split / v, claim.metric, "amm")
+                    for key, metric in (("runs", claim.metric), ("amm", "amm")):
+                        if found[metric]:
+                            read[key].setdefault(split, {})[v] = found[metric]
+        out[name] = {"overrides": {}, **entry, **read}
     return out
 
 
@@ -71,7 +71,7 @@ def _decode(doc: dict[str, Any], path: Path) -> Entry:
                       for split, variants in doc.get(key, {}).items()} for key in CURVES}
         return {"budget": str(doc["budget"]), "status": str(doc["status"]),
                 "seeds": [int(s) for s in doc["seeds"]], "splits": list(doc["splits"]),
-                **read}
+                "overrides": dict(doc.get("overrides") or {}), **read}
     except (KeyError, TypeError, ValueError, AttributeError):
         raise ProtoflError(f"{path} is not a protofl evidence file (a field is missing or "
                            "malformed)") from None
@@ -128,15 +128,17 @@ def _union(old: Entry, new: Entry) -> Entry:
 
 def merge(sources: list[Path]) -> dict[str, Entry]:
     """Per claim, the runs of the largest budget that ran (``paper`` over ``short``), the
-    sources of that budget taken together (a later source wins a run both hold); a claim
-    that ran nowhere keeps the last record given (why it did not run)."""
+    sources of that budget and the same overrides taken together (a later source wins a run
+    both hold, and replaces runs made with other overrides); a claim that ran nowhere keeps
+    the last record given (why it did not run)."""
     best: dict[str, Entry] = {}
     for source in sources:
         for name, entry in load(source).items():
             entry.setdefault("splits", list(CLAIMS[name].splits))
             old = best.get(name)
             ran, old_ran = entry["status"] == "run", old is not None and old["status"] == "run"
-            if old_ran and ran and entry["budget"] == old["budget"]:
+            if (old_ran and ran and entry["budget"] == old["budget"]
+                    and entry["overrides"] == old["overrides"]):
                 best[name] = _union(old, entry)
             elif old is None or (ran and not old_ran) or (ran and entry["budget"] == "paper"):
                 best[name] = entry

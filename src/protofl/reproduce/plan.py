@@ -9,6 +9,7 @@ from typing import Any
 
 from protofl.config import merge
 from protofl.errors import ProtoflError
+from protofl.nested import flatten
 from protofl.reproduce.claims import CLAIMS, NO_COSTLY, Claim
 from protofl.suites import seeded
 
@@ -93,10 +94,25 @@ def reproduce_plan(names: str | None, budget: str, out: Path,
     for claim in select(names):
         state, chosen = status(claim, budget, overrides), pick_splits(claim, splits)
         record[claim.name] = {"budget": budget, "status": state, "seeds": list(seeds),
-                              "splits": chosen}
+                              "splits": chosen, "overrides": overrides or {}}
         if state == "run":
             jobs += claim_jobs(claim, budget, out, seeds, overrides, chosen)
     return record, jobs
+
+
+def rerun_command(claim: Claim, entry: dict[str, Any]) -> str:
+    """The command that runs a record's claim again as it ran: its budget, its seeds and
+    splits (where not the defaults) and its overrides."""
+    parts = [claim.command(entry["budget"])]
+    seeds = tuple(entry.get("seeds") or ())
+    if seeds and seeds != SEEDS.get(entry["budget"]):
+        parts.append("--seeds " + ",".join(map(str, seeds)))
+    splits = list(entry.get("splits") or claim.splits)
+    if splits != list(claim.splits):
+        parts.append("--splits " + ",".join(splits))
+    for key, value in flatten(entry.get("overrides") or {}).items():
+        parts.append(f"--set {key}={value if isinstance(value, str) else json.dumps(value)}")
+    return " ".join(parts)
 
 
 def pretrain_encoders(names: str | None, budget: str, out: Path,

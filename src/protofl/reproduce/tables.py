@@ -12,6 +12,7 @@ from protofl.report.claims import MIN_SEEDS, paired, result_text
 from protofl.reproduce import evidence
 from protofl.reproduce.amm import AMM_HEADER, amm_rows
 from protofl.reproduce.claims import CLAIMS, Claim, Comparison
+from protofl.reproduce.plan import rerun_command
 
 
 def change_text(claim: Claim, entry: dict, res: dict[str, Any] | None, first: bool = True) -> str:
@@ -41,9 +42,10 @@ def change_text(claim: Claim, entry: dict, res: dict[str, Any] | None, first: bo
 
 SEED_TITLES = {"first": "First seed: Michieli & Ozay, prototype-guided FL (fedmargin)",
                "second": "Second seed: Kumar, Garg & Sundaresan, FedProIn (fedproin)"}
-HEADER = ["| claim | protocol | budget run here | comparison (what differs) | result: "
-          "method − baseline, mean [95% t-interval] (method vs baseline) | verdict | what "
-          "would change it |", "|---|---|---|---|---|---|---|"]
+HEADER = ["| claim | protocol | budget run here: seeds, the command that reruns it | "
+          "comparison (what differs) | result: method − baseline, mean [95% t-interval] "
+          "(method vs baseline) | verdict (the rule above) | what would change it |",
+          "|---|---|---|---|---|---|---|"]
 
 
 def _cell(text: str) -> str:
@@ -76,7 +78,8 @@ def claim_rows(claim: Claim, entry: dict | None) -> list[str]:
     rows = []
     seeds = sorted({s for variants in entry["runs"].values() for c in variants.values()
                     for s, _ in c})
-    budget = f"{entry['budget']}, seeds {', '.join(map(str, seeds)) or 'none finished'}"
+    budget = (f"{entry['budget']}, seeds {', '.join(map(str, seeds)) or 'none finished'}: "
+              f"`{rerun_command(claim, entry)}`")
     for split, c, res in results(claim, entry):
         where = "" if split == "default" else f"{split}: "
         lead = ["", "", ""] if rows else [_cell(head), _cell(protocol), budget]
@@ -125,14 +128,13 @@ def write_reproduction(sources: list[Path], md: Path, overwrite: bool = False,
     with two pairs or more is also drawn, in ``img/reproduction.png`` beside ``md``."""
     from protofl.report import outputs
     from protofl.report.markdown import begin, end, merge_sections
+    from protofl.reproduce.figure import forest  # it draws tables' results
 
     md = Path(md)
     if md.exists() and not overwrite:
         raise ProtoflError(f"{md} exists; pass --overwrite to update its generated section")
     outputs.writable(md)
     name = "reproduction"
-    from protofl.reproduce.figure import forest
-
     records = evidence.merge([Path(f) for f in sources])
     figure = forest(records, md.parent / "img" / "reproduction.png")
     glance = ([f"![every comparison's mean difference and 95% interval, coloured by verdict]"
