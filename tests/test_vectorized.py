@@ -59,10 +59,11 @@ def train_sequential(alg, model, glob, jobs, data, client_states, s, rnd):
     return SequentialTrainer().train(RoundContext(alg, glob, jobs, data, client_states, s, rnd))
 
 
-def train_vectorized(alg, model, glob, jobs, data, client_states, s, rnd, budget=None):
+def train_vectorized(alg, model, glob, jobs, data, client_states, s, rnd, budget=None,
+                     solo_max=0):
     assert model is alg.model
     rc = RoundContext(alg, glob, jobs, data, client_states, s, rnd)
-    return VectorizedTrainer(budget).train(rc)
+    return VectorizedTrainer(budget, solo_max).train(rc)
 
 
 def assert_results_equal(seq, vec):
@@ -93,6 +94,8 @@ SETUPS = {
 @pytest.mark.parametrize("setup", list(SETUPS), ids=list(SETUPS))
 @pytest.mark.parametrize("case", list(CASES))
 def test_one_round_equals_sequential(float64, monkeypatch, case, setup):
+    """vmap steps throughout; then the plain step for the last two clients of a step (the
+    tail of a round)."""
     s = SETUPS[setup]
     name, options = CASES[case]
     monkeypatch.setattr(vectorized, "SequentialTrainer", None)  # no silent fallback
@@ -112,8 +115,10 @@ def test_one_round_equals_sequential(float64, monkeypatch, case, setup):
     for rnd in (1, 2):  # round 2 starts from the client states round 1 left
         glob = alg.broadcast(state)
         seq = train_sequential(alg, model, glob, jobs, data, client_states, s, rnd)
-        vec = train_vectorized(alg, model, glob, jobs, data, client_states, s, rnd)
-        assert_results_equal(seq, vec)
+        for solo_max in (0, 2):
+            vec = train_vectorized(alg, model, glob, jobs, data, client_states, s, rnd,
+                                   solo_max=solo_max)
+            assert_results_equal(seq, vec)
         for r in seq:
             if r.state:
                 client_states[r.client] = r.state
@@ -133,9 +138,12 @@ def test_chunks_give_the_same_result(float64):
     assert_results_equal(whole, one_by_one)
 
 
+@pytest.mark.parametrize("masked", [False, True], ids=["prefix", "mask"])
 @pytest.mark.parametrize("opt,momentum,wd", [("sgd", 0.0, 0.0), ("sgd", 0.9, 0.01),
                                              ("adam", 0.0, 0.0), ("adam", 0.0, 0.1)])
-def test_optimizers_match_torch(float64, opt, momentum, wd):
+def test_optimizers_match_torch(float64, opt, momentum, wd, masked):
+    """Clients without a step t stay exactly unchanged, whether they are left out of the
+    views (prefix) or marked inactive (mask, the compiled step's fixed shape)."""
     s = LocalSetup(1, True, opt, 0.05, momentum, wd)
     g = torch.Generator().manual_seed(3)
     start = {"a": torch.randn(3, 4, 2, generator=g), "b": torch.randn(3, 5, generator=g)}
@@ -147,9 +155,13 @@ def test_optimizers_match_torch(float64, opt, momentum, wd):
     for t in range(max(steps)):
         n = sum(1 for m in steps if m > t)
         before = {k: v[n:].clone() for k, v in stacked.items()}
-        optim.step_({k: v[:n] for k, v in stacked.items()},
-                    {k: torch.stack([grads[i][t][k] for i in range(n)]) for k in stacked},
-                    state.head(n), s)
+        g_t = {k: torch.stack([grads[i][t][k] for i in range(n)]) for k in stacked}
+        if masked:  # every client in the step, those past their last step marked inactive
+            g_t = {k: torch.cat([v, torch.randn(3 - n, *v.shape[1:], generator=g)])
+                   for k, v in g_t.items()}
+            optim.step_(stacked, g_t, state, s, active=torch.arange(3) < n)
+        else:
+            optim.step_({k: v[:n] for k, v in stacked.items()}, g_t, state.part(slice(n)), s)
         for k in stacked:
             assert torch.equal(stacked[k][n:], before[k])
     assert state.step.tolist() == steps
@@ -271,3 +283,35 @@ def test_segmentation_with_crop_flip_equals_sequential(float64, monkeypatch, nam
         vec = train_vectorized(alg, alg.model, glob, jobs, data, client_states, s, rnd)
         assert_results_equal(seq, vec)
         state, _ = alg.aggregate(state, [r.upload for r in seq], rnd)
+
+
+# the distinct client parts the compiled step must trace: a plain loss (fedavg), a proximal
+# term against the broadcast (fedprox, with momentum and weight decay), per-batch statistics
+# and a prototype loss under Adam (fedproin)
+@pytest.mark.parametrize("name,setup", [("fedavg", "sgd-momentum-steps"),
+                                        ("fedprox", "sgd-momentum-steps"),
+                                        ("fedproin", "adam-epochs")])
+def test_compiled_equals_sequential(float64, caplog, name, setup):
+    """The compiled trainer gives the sequential trainer's results (stack sizes 4, 2 and 1,
+    clients past their last step masked), and says nothing about falling back."""
+    from protofl.engine.compiled import CompiledTrainer
+
+    s = SETUPS[setup]
+    data = federation()
+    torch.manual_seed(0)
+    model = Mlp(5, C, hidden=(8, 6))
+    alg = make_algorithm(name, {}, model, C, info(data))
+    state, client_states = alg.init_state(alg.model), {}
+    jobs = [Job(0, 3), Job(1, 3), Job(2, 1, straggler=True), Job(3, 2)]
+    trainer = CompiledTrainer()
+    with caplog.at_level(logging.INFO, logger="protofl"):
+        for rnd in (1, 2):
+            glob = alg.broadcast(state)
+            rc = RoundContext(alg, glob, jobs, data, client_states, s, rnd)
+            seq = SequentialTrainer().train(rc)
+            assert_results_equal(seq, trainer.train(rc))
+            for r in seq:
+                if r.state:
+                    client_states[r.client] = r.state
+            state, _ = alg.aggregate(state, [r.upload for r in seq], rnd)
+    assert not [r for r in caplog.records if "compile" in r.getMessage()]

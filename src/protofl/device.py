@@ -19,7 +19,7 @@ import contextlib
 import os
 import re
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -104,15 +104,13 @@ def wide(device: torch.device | str) -> torch.dtype:
     return torch.float64 if has_float64(device) else torch.float32
 
 
-@contextlib.contextmanager
-def autocast(device: torch.device | str, precision: str) -> Iterator[None]:
-    """Mixed precision for the forward passes inside (``fp32``: nothing changes)."""
+def autocast(device: torch.device | str, precision: str) -> contextlib.AbstractContextManager:
+    """Mixed precision for the forward passes inside (``fp32``: nothing changes); a plain
+    context object, which ``torch.compile`` traces."""
     dtype = PRECISIONS[precision]
     if dtype is None:
-        yield
-        return
-    with torch.autocast(torch.device(device).type, dtype=dtype):
-        yield
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=dtype)
 
 
 def grad_scaler(device: torch.device | str, precision: str) -> torch.amp.GradScaler | None:

@@ -3,8 +3,10 @@
 Each update matches ``torch.optim.SGD`` (momentum, weight decay; no dampening or Nesterov)
 and ``torch.optim.Adam`` (L2 weight decay, bias correction with a per-client step count) step
 for step, so the vectorized trainer reproduces the sequential one. The functions mutate the
-tensors they are given; pass views (``state.head(n)``, ``p[:n]``) to update a subset of clients
-and leave the others exactly as they were.
+tensors they are given; pass views (``state.part(...)``, ``p[:n]``) to update a subset of
+clients and leave the others exactly as they were, or an ``active`` mask (a compiled step of
+fixed shape) to update only the clients it marks. The new values are computed with one
+``torch._foreach_*`` call per operation over every tensor, then written back.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from protofl.engine.train import LocalSetup
 Stacked = dict[str, torch.Tensor]
 
 
-def _head(tensors: Stacked, n: int) -> Stacked:
-    return {k: v[:n] for k, v in tensors.items()}
+def _part(tensors: Stacked, rows: slice) -> Stacked:
+    return {k: v[rows] for k, v in tensors.items()}
 
 
 @dataclass
@@ -31,8 +33,8 @@ class SgdState:
     step: torch.Tensor
     momentum: Stacked = field(default_factory=dict)
 
-    def head(self, n: int) -> SgdState:
-        return SgdState(self.step[:n], _head(self.momentum, n))
+    def part(self, rows: slice) -> SgdState:
+        return SgdState(self.step[rows], _part(self.momentum, rows))
 
 
 @dataclass
@@ -43,8 +45,8 @@ class AdamState:
     m: Stacked
     v: Stacked
 
-    def head(self, n: int) -> AdamState:
-        return AdamState(self.step[:n], _head(self.m, n), _head(self.v, n))
+    def part(self, rows: slice) -> AdamState:
+        return AdamState(self.step[rows], _part(self.m, rows), _part(self.v, rows))
 
 
 def init_state(params: Stacked, setup: LocalSetup) -> SgdState | AdamState:
@@ -63,33 +65,47 @@ def _per_client(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return v.to(like.dtype).reshape(-1, *([1] * (like.dim() - 1)))
 
 
+def _commit(dst: list[torch.Tensor], new: list[torch.Tensor],
+            active: torch.Tensor | None) -> None:
+    """``dst = new``, or only for the clients ``active`` marks."""
+    if active is None:
+        torch._foreach_copy_(dst, new)
+        return
+    for d, v in zip(dst, new):
+        d.copy_(torch.where(active.reshape(-1, *([1] * (d.dim() - 1))), v, d))
+
+
 def step_(params: Stacked, grads: Stacked, state: SgdState | AdamState,
-          setup: LocalSetup) -> None:
-    """One optimizer step of every client in the leading dim, in place.
+          setup: LocalSetup, active: torch.Tensor | None = None) -> None:
+    """One optimizer step of every client in the leading dim (or of those ``active``, a
+    ``(n,)`` bool mask, marks), in place.
 
     SGD: ``g += wd p``; ``b = mu b + g`` (``b = g`` at the first step, the same thing from
     ``b = 0``); ``p -= lr b`` (``p -= lr g`` without momentum).
     Adam: ``t += 1``; ``g += wd p``; ``m = b1 m + (1 - b1) g``; ``v = b2 v + (1 - b2) g^2``;
     ``p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``.
     """
-    state.step += 1
-    wd = setup.weight_decay
+    keys = list(params)
+    p = [params[k] for k in keys]
+    g = [grads[k] for k in keys]
+    state.step += 1 if active is None else active.to(state.step.dtype)
+    if setup.weight_decay:
+        g = torch._foreach_add(g, torch._foreach_mul(p, setup.weight_decay))
     if isinstance(state, AdamState):
         beta1, beta2 = ADAM_BETAS
+        m = [state.m[k] for k in keys]
+        v = [state.v[k] for k in keys]
+        m_new = torch._foreach_lerp(m, g, 1 - beta1)
+        v_new = torch._foreach_addcmul(torch._foreach_mul(v, beta2), g, g, value=1 - beta2)
         bc1 = 1 - beta1 ** state.step
         bc2_sqrt = (1 - beta2 ** state.step).sqrt()
-        for k, p in params.items():
-            g = grads[k] + wd * p if wd else grads[k]
-            m, v = state.m[k], state.v[k]
-            m.lerp_(g, 1 - beta1)
-            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-            denom = (v.sqrt() / _per_client(bc2_sqrt, p)).add_(ADAM_EPS)
-            p.sub_(_per_client(setup.lr / bc1, p) * m / denom)
+        p_new = [pi - _per_client(setup.lr / bc1, pi) * mi
+                 / (vi.sqrt() / _per_client(bc2_sqrt, pi)).add_(ADAM_EPS)
+                 for pi, mi, vi in zip(p, m_new, v_new)]
+        _commit(m + v + p, [*m_new, *v_new, *p_new], active)
         return
-    for k, p in params.items():
-        g = grads[k] + wd * p if wd else grads[k]
-        if state.momentum:
-            buf = state.momentum[k]
-            buf.mul_(setup.momentum).add_(g)
-            g = buf
-        p.add_(g, alpha=-setup.lr)
+    if state.momentum:
+        b = [state.momentum[k] for k in keys]
+        g = torch._foreach_add(torch._foreach_mul(b, setup.momentum), g)
+        _commit(b, g, active)
+    _commit(p, torch._foreach_add(p, g, alpha=-setup.lr), active)

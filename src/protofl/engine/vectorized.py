@@ -6,31 +6,41 @@ generators, optimizer arithmetic): every client still goes through ``prepare_cli
 ``finish_client``; only the step loop differs. At step ``t`` the clients are sorted by their
 number of steps (most first), so those that still have a step form a prefix ``[:n_t]`` of the
 stack: the others (stragglers, small clients) are left out of the step, their weights and
-optimizer state untouched. Batches of unequal size are padded by repeating a real row with
-weight ``w = 0`` (losses are weighted means, so padding changes nothing). Per-batch statistics
-(``loss_and_stats``, ``has_aux`` under ``vmap``) are summed per client over its last pass, as
-the sequential trainer sums them. Clients are trained in chunks whose estimated memory fits a
-budget (on CUDA, a share of the device's free memory); only active clients are ever stacked.
-Each step's rows are gathered from the stored rows (host memory) and converted there, then
-copied over (through pinned memory on CUDA): a chunk's rows are never held twice.
+optimizer state untouched. Where the cost model (``engine/costs.py``) says a vmap step of
+``n_t`` clients costs more than ``n_t`` plain steps (the tail of a heavy-tailed round, where one
+large client is left stepping), those clients take the plain step one by one: an ordinary
+autograd pass on the client's own rows, the same optimizer arithmetic. Batches of unequal size
+are padded by repeating a real row with weight ``w = 0`` (losses are weighted means, so padding
+changes nothing). Per-batch statistics (``loss_and_stats``, ``has_aux`` under ``vmap``) are
+summed per client over its last pass, as the sequential trainer sums them. Clients are trained
+in chunks whose estimated memory fits a budget (on CUDA, a share of the device's free memory);
+only active clients are ever stacked. The rows of a window of steps are gathered from the
+stored rows (host memory) at once and converted there, then copied over (through pinned memory
+on CUDA): a chunk's rows are never held twice.
+
+How a step is taken is the chunk's ``Step`` (:class:`EagerStep` here; the compiled trainer,
+``engine/compiled.py``, brings its own), so the loop is written once.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 from torch.func import grad_and_value, vmap
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from protofl import device as devices
 from protofl.algorithms.base import Algorithm, Tensors
-from protofl.engine import optim
+from protofl.engine import costs, optim
 from protofl.engine.train import (
     ClientResult,
     ClientWork,
+    LocalSetup,
     RoundContext,
     SequentialTrainer,
     finish_client,
@@ -44,6 +54,8 @@ log = logging.getLogger("protofl")
 
 BUDGET_ENV = "PROTOFL_VECTORIZED_BUDGET_MB"
 DEFAULT_BUDGET = 1 << 30  # bytes of stacked weights, optimizer state and activations per chunk
+WINDOW_BYTES = 1 << 22  # rows of a window of steps gathered at once (about 4 MiB)
+WINDOW_STEPS = 64
 _logged: set[str] = set()
 
 
@@ -68,7 +80,7 @@ def precision_reason(precision: str) -> str | None:
     return None
 
 
-def _log_once(message: str) -> None:
+def log_once(message: str) -> None:
     if message not in _logged:
         _logged.add(message)
         log.info(message)
@@ -128,7 +140,7 @@ def trained_params(alg: Algorithm, work: ClientWork, start: Tensors) -> list[str
     return [k for k, g in zip(params, grads) if g is not None]
 
 
-def _stack_tree(trees: list[Any], check_only: bool = False) -> tuple[Any, Any]:
+def stack_tree(trees: list[Any], check_only: bool = False) -> tuple[Any, Any]:
     """Stack same-structured pytrees leaf by leaf; a leaf that is the very same object (or an
     equal non-tensor) in every tree is shared (``in_dims`` None) instead of copied.
     Returns ``(stacked tree, in_dims tree)`` (with ``check_only``, the first tree instead of
@@ -153,107 +165,202 @@ def _stack_tree(trees: list[Any], check_only: bool = False) -> tuple[Any, Any]:
     return tree_unflatten(leaves, spec), tree_unflatten(dims, spec)
 
 
-def _slice_tree(tree: Any, dims: Any, n: int) -> Any:
-    """The first ``n`` clients of a stacked tree (views; shared leaves unchanged)."""
+def part_tree(tree: Any, dims: Any, rows: slice | int) -> Any:
+    """Clients ``rows`` of a stacked tree (a slice keeps the client dim, an int drops it;
+    views; shared leaves unchanged)."""
     leaves, spec = tree_flatten(tree)
     dleaves = tree_flatten(dims)[0] if leaves else []
-    return tree_unflatten([v[:n] if d == 0 else v for v, d in zip(leaves, dleaves)], spec)
+    return tree_unflatten([v[rows] if d == 0 else v for v, d in zip(leaves, dleaves)], spec)
 
 
-def _row_index(works: list[ClientWork], offsets: list[int], steps: int
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Global row of every (client, step, slot) and each batch's true size; padding slots
-    repeat the batch's first row (weight 0), missing steps point at the client's first row."""
-    bmax = max(len(b) for w in works for b in w.batches)
-    rows = torch.empty(len(works), steps, bmax, dtype=torch.long)
-    sizes = torch.zeros(len(works), steps, dtype=torch.long)
-    for i, (w, off) in enumerate(zip(works, offsets)):
-        rows[i] = off
-        if all(len(idx) == bmax for idx in w.batches):  # the common case: full batches
-            rows[i, :len(w.batches)] = torch.stack(w.batches) + off
-            sizes[i, :len(w.batches)] = bmax
-            continue
-        for t, idx in enumerate(w.batches):
-            rows[i, t, :len(idx)] = idx + off
-            rows[i, t, len(idx):] = idx[0] + off
-            sizes[i, t] = len(idx)
-    return rows, sizes
+@dataclass
+class Stack:
+    """A chunk's clients stacked (leading dim = client, most steps first): what a step
+    updates."""
+
+    alg: Algorithm
+    setup: LocalSetup
+    params: Tensors
+    buffers: Any
+    bdims: Any
+    ctx: Any
+    cdims: Any
+    trained: list[str]
+    opt: optim.SgdState | optim.AdamState
+
+    @classmethod
+    def of(cls, rc: RoundContext, works: list[ClientWork], starts: list[Tensors],
+           trained: list[str]) -> Stack:
+        params = {k: torch.stack([st["params"][k] for st in starts]).detach().clone()
+                  for k in starts[0]["params"]}
+        buffers, bdims = stack_tree([st["buffers"] for st in starts])
+        ctx, cdims = stack_tree([w.ctx for w in works])
+        opt = optim.init_state({k: params[k] for k in trained}, rc.setup)
+        return cls(rc.alg, rc.setup, params, buffers, bdims, ctx, cdims, trained, opt)
+
+    def size(self) -> int:
+        return len(next(iter(self.params.values())))
+
+    def in_dims(self) -> tuple:
+        """vmap's ``in_dims`` of ``(params, buffers, x, y, w, ctx)``."""
+        return ({k: 0 for k in self.params}, self.bdims, 0, 0, 0, self.cdims)
 
 
-def _add_stats(totals: list[torch.Tensor] | None, stats: list[torch.Tensor], n: int,
-               count: torch.Tensor, size: int) -> list[torch.Tensor]:
-    """Add the stacked statistics of the first ``n`` clients, each weighted 0 or 1
-    (``count``: whether the step is in the client's last pass), to per-client totals
-    (``size`` clients; float64 where the device has it)."""
+def client_loss(alg: Algorithm, setup: LocalSetup, p, b, x, y, w, c):
+    """A client's loss and statistics (the forward under the run's precision)."""
+    with devices.autocast(setup.device, setup.precision):
+        return alg.loss_and_stats(alg.model, p, b, x, y, w, c)
+
+
+def vmapped(alg: Algorithm, setup: LocalSetup, in_dims: tuple):
+    """``(params, buffers, x, y, w, ctx) -> (grads, (losses, stats))`` over clients."""
+    return vmap(grad_and_value(partial(client_loss, alg, setup), has_aux=True),
+                in_dims=in_dims)
+
+
+Step = Any  # (n, x, y, w, sizes) -> (losses (n,), statistics tree of (n, ...)); see EagerStep
+
+
+class EagerStep:
+    """A step of the stack's first ``n`` clients: one vmap over them, or, where the cost model
+    prefers it (``solo_max``), the plain step client by client."""
+
+    def __init__(self, stack: Stack, solo_max: int):
+        self.stack, self.solo_max = stack, solo_max
+        self.fn = vmapped(stack.alg, stack.setup, stack.in_dims())
+        self.clients: dict[int, tuple] = {}  # client i's views of the stack, for plain steps
+
+    def width(self, n: int) -> int:
+        """How many clients' rows the step takes when ``n`` have a step."""
+        return n
+
+    def __call__(self, n: int, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+                 sizes: torch.Tensor) -> tuple[torch.Tensor, Tensors]:
+        s = self.stack
+        if n <= self.solo_max:
+            out = [self.solo(i, x[i, :b], y[i, :b], w[i, :b])
+                   for i, b in enumerate(sizes.tolist())]
+            return (torch.stack([o[0] for o in out]),
+                    tree_map(lambda *v: torch.stack(v), *(o[1] for o in out)))
+        p = {k: v[:n] for k, v in s.params.items()}
+        grads, (value, stats) = self.fn(p, part_tree(s.buffers, s.bdims, slice(n)), x, y, w,
+                                        part_tree(s.ctx, s.cdims, slice(n)))
+        optim.step_({k: p[k] for k in s.trained}, grads, s.opt.part(slice(n)), s.setup)
+        return value.detach(), tree_map(torch.Tensor.detach, stats)
+
+    def solo(self, i: int, x, y, w) -> tuple[torch.Tensor, Tensors]:
+        """Client ``i``'s plain step: autograd on its own weights (views of the stack)."""
+        s = self.stack
+        if i not in self.clients:
+            p = {k: v[i] for k, v in s.params.items()}
+            leaves = [p[k].detach().requires_grad_(True) for k in s.trained]
+            p.update(zip(s.trained, leaves))
+            rows = slice(i, i + 1)
+            self.clients[i] = (p, leaves, part_tree(s.buffers, s.bdims, i),
+                               part_tree(s.ctx, s.cdims, i),
+                               {k: s.params[k][rows] for k in s.trained}, s.opt.part(rows))
+        p, leaves, buffers, ctx, own, opt = self.clients[i]
+        loss, stats = client_loss(s.alg, s.setup, p, buffers, x, y, w, ctx)
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+        optim.step_(own, {k: (torch.zeros_like(v) if g is None else g).unsqueeze(0)
+                          for k, v, g in zip(s.trained, leaves, grads)}, opt, s.setup)
+        return loss.detach(), tree_map(torch.Tensor.detach, stats)
+
+
+class Rows:
+    """The chunk's batches: the global row of every (client, step, slot), each batch's true
+    size, and the rows of a window of steps gathered (and converted) at once."""
+
+    def __init__(self, rc: RoundContext, works: list[ClientWork]):
+        self.data, self.dev = rc.data, rc.setup.device
+        offsets = [int(rc.data.train_offsets[w.job.client]) for w in works]
+        steps = len(works[0].batches)
+        bmax = max(len(b) for w in works for b in w.batches)
+        rows = torch.empty(len(works), steps, bmax, dtype=torch.long)
+        sizes = torch.zeros(len(works), steps, dtype=torch.long)
+        for i, (w, off) in enumerate(zip(works, offsets)):
+            rows[i] = off  # missing steps point at the client's first row (weight 0)
+            if all(len(idx) == bmax for idx in w.batches):  # the common case: full batches
+                rows[i, :len(w.batches)] = torch.stack(w.batches) + off
+                sizes[i, :len(w.batches)] = bmax
+                continue
+            for t, idx in enumerate(w.batches):
+                rows[i, t, :len(idx)] = idx + off
+                rows[i, t, len(idx):] = idx[0] + off  # padding repeats a real row
+                sizes[i, t] = len(idx)
+        self.rows, self.sizes = rows, sizes
+        row_bytes = max(1, rc.data.x_train[:1].numel() * 4)
+        self.window = max(1, min(WINDOW_STEPS, WINDOW_BYTES // (row_bytes * bmax * len(works))))
+        self.start, self.x, self.y = 0, None, None
+        self.w = (torch.arange(bmax) < sizes[..., None]).to(self.dev)  # real rows: weight 1
+
+    def batch(self, t: int, m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Step ``t``'s rows of the first ``m`` clients (gathered: new tensors, which the
+        transforms may write into)."""
+        if self.x is None or not self.start <= t < self.start + self.window:
+            r = self.rows[:m, t:t + self.window].transpose(0, 1)  # (window, m, b)
+            self.x = self.data.inputs(devices.upload(self.data.x_train[r], self.dev))
+            self.y = devices.upload(self.data.y_train[r], self.dev)
+            self.start = t
+        x, y = self.x[t - self.start, :m], self.y[t - self.start, :m]
+        return x, y, self.w[:m, t].to(x.dtype)
+
+
+def add_stats(totals: list[torch.Tensor] | None, stats: list[torch.Tensor],
+              count: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """Add the stacked statistics of the first ``len(count)`` clients, each weighted 0 or 1
+    (``count``: whether the step is in the client's last pass), to per-client totals (``size``
+    clients; float64 where the device has it)."""
     if totals is None:
         totals = [torch.zeros(size, *v.shape[1:], dtype=devices.wide(v.device), device=v.device)
                   for v in stats]
+    n = len(count)
     for total, v in zip(totals, stats):
         c = count.reshape(-1, *([1] * (v.dim() - 1)))
-        total[:n] += c * v.detach().to(total.dtype)
+        total[:n] += c * v.to(total.dtype)
     return totals
 
 
-def _train_chunk(rc: RoundContext, works: list[ClientWork], starts: list[Tensors],
-                 trained: list[str]
-                 ) -> tuple[list[Tensors], list[Tensors], list[float], list[Tensors | None]]:
-    """Train the clients of ``works`` (sorted by steps, most first) together; only the
-    parameters named in ``trained`` are updated. Returns weights, buffers, mean losses and
-    last-pass statistics per client."""
-    alg, model, data, setup = rc.alg, rc.alg.model, rc.data, rc.setup
-    dev = setup.device
+def train_chunk(rc: RoundContext, works: list[ClientWork], stack: Stack, step: Step
+                ) -> tuple[list[Tensors], list[Tensors], list[float], list[Tensors | None]]:
+    """Train the clients of ``works`` (sorted by steps, most first) together with ``step``.
+    Returns weights, buffers, mean losses and last-pass statistics per client."""
+    dev = rc.setup.device
     n_steps = [len(w.batches) for w in works]
-    steps = n_steps[0]
-    params = {k: torch.stack([st["params"][k] for st in starts]).detach().clone()
-              for k in starts[0]["params"]}
-    buffers, bdims = _stack_tree([st["buffers"] for st in starts])
-    ctx, cdims = _stack_tree([w.ctx for w in works])
-    opt = optim.init_state({k: params[k] for k in trained}, setup)
-    offsets = [int(data.train_offsets[w.job.client]) for w in works]
-    rows, sizes = _row_index(works, offsets, steps)
-    mask = (torch.arange(rows.shape[2]) < sizes[..., None]).to(dev)  # real rows (not padding)
+    rows = Rows(rc, works)
     losses = torch.zeros(len(works), dtype=devices.wide(dev), device=dev)
     stats_from = torch.tensor([w.stats_from for w in works], device=dev)
     totals, stats_spec = None, None
-
-    def client_loss(p, b, x, y, w, c):
-        with devices.autocast(dev, setup.precision):  # the forward pass only, as sequentially
-            return alg.loss_and_stats(model, p, b, x, y, w, c)
-
-    # in_dims must mirror each argument's structure (vmap needs a prefix tree of the inputs).
-    in_dims = ({k: 0 for k in params}, bdims, 0, 0, 0, cdims)
-    step_fn = vmap(grad_and_value(client_loss, has_aux=True), in_dims=in_dims)
-    model.train()
-    for t in range(steps):
-        n = sum(1 for m in n_steps if m > t)  # clients with a step t: a prefix
-        b = int(sizes[:n, t].max())
-        r = rows[:n, t, :b]  # gathered: new tensors, which the transforms may write into
-        x = data.inputs(devices.upload(data.x_train[r], dev))
-        y = devices.upload(data.y_train[r], dev)
+    rc.alg.model.train()
+    n = len(works)
+    for t in range(n_steps[0]):
+        while n_steps[n - 1] <= t:  # clients with a step t: a prefix (most steps first)
+            n -= 1
+        x, y, w = rows.batch(t, step.width(n))
+        sizes = rows.sizes[:n, t]
         if works[0].transform is not None:  # the same transforms for every client
-            for i in range(n):
-                m = int(sizes[i, t])
-                x[i, :m], y[i, :m] = transformed(alg, works[i], x[i, :m], y[i, :m])
-        w = mask[:n, t, :b].to(x.dtype)
-        p_n = {k: v[:n] for k, v in params.items()}
-        grads, (value, stats) = step_fn(p_n, _slice_tree(buffers, bdims, n), x, y, w,
-                                        _slice_tree(ctx, cdims, n))
+            for i, b in enumerate(sizes.tolist()):
+                x[i, :b], y[i, :b] = transformed(rc.alg, works[i], x[i, :b], y[i, :b])
+        value, stats = step(n, x, y, w, sizes)
         leaves, stats_spec = tree_flatten(stats)
         if leaves:
-            totals = _add_stats(totals, leaves, n, (stats_from[:n] <= t).to(losses.dtype),
-                                len(works))
-        optim.step_({k: p_n[k] for k in trained}, grads, opt.head(n), setup)
-        losses[:n] += value.detach().to(losses.dtype)
-    out_p = [{k: v[i].clone() for k, v in params.items()} for i in range(len(works))]
-    bl, bspec = tree_flatten(buffers)
-    bd = tree_flatten(bdims)[0] if bl else []
-    out_b = [tree_unflatten([v[i].clone() if d == 0 else v.clone() for v, d in zip(bl, bd)],
-                            bspec) for i in range(len(works))]
+            totals = add_stats(totals, leaves, (stats_from[:n] <= t).to(losses.dtype),
+                               len(works))
+        losses[:n] += value
+    per_client = losses.tolist()
     out_s = [None if totals is None else tree_unflatten([v[i] for v in totals], stats_spec)
              for i in range(len(works))]
-    per_client = losses.tolist()
-    return (out_p, out_b, [per_client[i] / max(n_steps[i], 1) for i in range(len(works))],
-            out_s)
+    return (_unstack(stack.params, None, len(works)),
+            _unstack(stack.buffers, stack.bdims, len(works)),
+            [per_client[i] / max(n_steps[i], 1) for i in range(len(works))], out_s)
+
+
+def _unstack(tree: Any, dims: Any, n: int) -> list[Any]:
+    """Per-client copies of a stacked tree (shared leaves copied for each client)."""
+    leaves, spec = tree_flatten(tree)
+    dl = tree_flatten(dims)[0] if dims is not None and leaves else [0] * len(leaves)
+    return [tree_unflatten([v[i].clone() if d == 0 else v.clone() for v, d in zip(leaves, dl)],
+                           spec) for i in range(n)]
 
 
 class VectorizedTrainer:
@@ -263,38 +370,56 @@ class VectorizedTrainer:
     client contexts cannot be stacked."""
 
     name = "vectorized"
+    description = ("the round's clients stacked and trained together (torch.func.vmap), the "
+                   "tail of a heavy-tailed round by the plain step")
 
-    def __init__(self, budget: int | None = None):
+    def __init__(self, budget: int | None = None, solo_max: int | None = None):
         self.budget = budget
+        self.solo_max = solo_max  # clients that take plain steps (None: the cost model's)
+
+    @staticmethod
+    def unable(model: ProtoNet, precision: str, device: torch.device) -> str | None:
+        return vectorize_reason(model) or precision_reason(precision)
+
+    @staticmethod
+    def cost(work: costs.Work) -> float:
+        return costs.vectorized_seconds(work)
+
+    def make_step(self, rc: RoundContext, stack: Stack, works: list[ClientWork]) -> Step:
+        if self.solo_max is not None:
+            return EagerStep(stack, self.solo_max)
+        work = costs.Work.of(rc.alg.model, works[0].x[:1], rc.setup,
+                             [len(w.batches) for w in works])
+        return EagerStep(stack, costs.solo_max(work))
 
     def train(self, rc: RoundContext) -> list[ClientResult]:
         if not rc.jobs:
             return []
         reason = vectorize_reason(rc.alg.model) or precision_reason(rc.setup.precision)
         if reason is not None:
-            _log_once(f"training sequentially: {reason}")
+            log_once(f"training sequentially: {reason}")
             return SequentialTrainer().train(rc)
         rc = placed(rc)
         rc.alg.model.eval()
         works = [prepare_client(rc, j) for j in rc.jobs]
         starts = [rc.alg.local_start(rc.broadcast, rc.client_state(j.client)) for j in rc.jobs]
         try:
-            _stack_tree([w.ctx for w in works], check_only=True)
+            stack_tree([w.ctx for w in works], check_only=True)
         except ValueError as e:
-            _log_once(f"training sequentially: {rc.alg.name}: {e}")
+            log_once(f"training sequentially: {rc.alg.name}: {e}")
             return SequentialTrainer().train(rc)
         order = sorted(range(len(rc.jobs)), key=lambda i: -len(works[i].batches))
         bmax = max(len(b) for w in works for b in w.batches)
-        dev = rc.setup.device
-        size = chunk_size(rc.alg.model, starts[0], works[0].x[:1],
-                          bmax, memory_budget(dev) if self.budget is None else self.budget)
+        size = chunk_size(rc.alg.model, starts[0], works[0].x[:1], bmax,
+                          memory_budget(rc.setup.device) if self.budget is None else self.budget)
         trained = trained_params(rc.alg, works[0], starts[0])
         results: list[ClientResult | None] = [None] * len(rc.jobs)
         for c in range(0, len(order), size):
-            chunk = order[c:c + size]
-            out_p, out_b, losses, stats = _train_chunk(rc, [works[i] for i in chunk],
-                                                       [starts[i] for i in chunk], trained)
-            for j, i in enumerate(chunk):
+            chunk = [works[i] for i in order[c:c + size]]
+            stack = Stack.of(rc, chunk, [starts[i] for i in order[c:c + size]], trained)
+            out_p, out_b, losses, stats = train_chunk(rc, chunk, stack,
+                                                      self.make_step(rc, stack, chunk))
+            for j, i in enumerate(order[c:c + size]):
                 results[i] = finish_client(rc, works[i], out_p[j], out_b[j], losses[j],
                                            stats[j])
         return results  # type: ignore[return-value]

@@ -1,0 +1,138 @@
+"""What a round's local training costs on each trainer: the cost model the trainers' choice
+reads (``engine/trainers.py``).
+
+A step's time is an overhead (Python, dispatch, autograd bookkeeping) plus its arithmetic:
+``3 x`` the model's forward FLOPs per sample x the batch (forward and backward) at a sustained
+rate. The plain step (one client, ordinary autograd) pays its overhead per client; a vmap step
+pays a larger overhead once for its ``n`` clients and a small one per client; a compiled step
+(``engine/compiled.py``) pays the least, after a one-off compile per stack size. The constants
+were measured with ``benchmarks/trainer_costs.py`` on this project's 2-core build machine
+(AMD EPYC, torch 2.13 CPU, one thread; 2026-12-02): a fit over the Synthetic MLP (60-128-256-10)
+and the LEAF CNN at batches of 10, 1-16 clients. They decide, never measure: the choice is the
+same on every machine for the same config, so a run's numbers are too.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from protofl.engine.train import LocalSetup
+
+# seconds; FLOP rate in FLOP/s (one CPU thread)
+CPU = {
+    "plain": 2.6e-4,  # overhead of one client's plain step
+    "vmap": 1.5e-3,  # overhead of a vmap step, once
+    "vmap_client": 4.0e-5,  # ... and per client in it
+    "compiled": 1.0e-4,  # overhead of a compiled step, once
+    "compiled_client": 2.0e-5,  # ... and per client in it
+    "rate": 1.2e10,
+    "compile": 12.0,  # one compile (one stack size)
+}
+# on a GPU the arithmetic of these models is nearly free and every launch costs: vmap pays
+# (estimates until measured on a GPU: benchmarks/gpu.sh)
+CUDA = {"plain": 6e-4, "vmap": 1.2e-3, "vmap_client": 2e-6, "compiled": 2e-4,
+        "compiled_client": 1e-6, "rate": 5e12, "compile": 30.0}
+
+
+@dataclass(frozen=True)
+class Work:
+    """A set of clients' local training: each client's steps, the batch, the model's forward
+    FLOPs per sample and the device."""
+
+    steps: tuple[int, ...]
+    batch: int
+    flops: float
+    device: str = "cpu"
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, x1: torch.Tensor, setup: LocalSetup,
+           steps: list[int]) -> Work:
+        dev = torch.device(setup.device).type
+        return cls(tuple(steps), setup.batch_size, forward_flops(model, tuple(x1.shape[1:]),
+                                                                 x1.dtype), dev)
+
+    def constants(self) -> dict[str, float]:
+        return CUDA if self.device == "cuda" else CPU
+
+    def arithmetic(self) -> float:
+        """Seconds of one client's step of arithmetic (forward and backward)."""
+        return 3 * self.flops * self.batch / self.constants()["rate"]
+
+    def active(self) -> list[tuple[int, int]]:
+        """``(steps, n)``: how many steps ``n`` clients still take together (clients sorted
+        by steps, most first, so those with a step ``t`` are a prefix)."""
+        s = sorted(self.steps, reverse=True) + [0]
+        return [(s[i] - s[i + 1], i + 1) for i in range(len(self.steps)) if s[i] > s[i + 1]]
+
+
+_FLOPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def forward_flops(model: torch.nn.Module, shape: tuple[int, ...],
+                  dtype: torch.dtype = torch.float32) -> float:
+    """FLOPs of one sample's forward pass (counted on the meta device: no arithmetic; once
+    per model and input shape)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    seen = _FLOPS.setdefault(model, {})
+    if (shape, dtype) not in seen:
+        counter = FlopCounterMode(display=False)
+        params = {k: torch.empty_like(v, device="meta") for k, v in model.state_dict().items()}
+        with torch.no_grad(), counter:
+            torch.func.functional_call(model, params,
+                                       (torch.empty((1, *shape), dtype=dtype, device="meta"),))
+        seen[(shape, dtype)] = float(max(counter.get_total_flops(), 1))
+    return seen[(shape, dtype)]
+
+
+def plain_step(work: Work) -> float:
+    return work.constants()["plain"] + work.arithmetic()
+
+
+def vmap_step(work: Work, n: int) -> float:
+    c = work.constants()
+    return c["vmap"] + n * (c["vmap_client"] + work.arithmetic())
+
+
+def compiled_step(work: Work, m: int) -> float:
+    c = work.constants()
+    return c["compiled"] + m * (c["compiled_client"] + work.arithmetic())
+
+
+def solo_max(work: Work) -> int:
+    """The most clients for which plain steps one by one cost no more than one vmap step."""
+    n = 0
+    while n < len(work.steps) and (n + 1) * plain_step(work) <= vmap_step(work, n + 1):
+        n += 1
+    return n
+
+
+def vectorized_seconds(work: Work) -> float:
+    """The vectorized trainer's estimate: each step the cheaper of a vmap step and plain
+    steps (``solo_max``)."""
+    solo = solo_max(work)
+    return sum(steps * (n * plain_step(work) if n <= solo else vmap_step(work, n))
+               for steps, n in work.active())
+
+
+def sequential_seconds(work: Work) -> float:
+    return sum(work.steps) * plain_step(work)
+
+
+def bucket(n: int, most: int) -> int:
+    """The compiled stack size a step of ``n`` clients runs at: the next power of two (at
+    most ``most``), so a round compiles at most ``log2(most) + 1`` sizes."""
+    return min(1 << max(n - 1, 0).bit_length(), most)
+
+
+def compiled_seconds(work: Work, compiles: bool = True) -> float:
+    """The compiled trainer's estimate (``compiles``: with the compile of each stack size it
+    needs)."""
+    most = len(work.steps)
+    sizes = {bucket(n, most) for _, n in work.active()}
+    run = sum(steps * compiled_step(work, bucket(n, most)) for steps, n in work.active())
+    return run + (len(sizes) * work.constants()["compile"] if compiles else 0.0)
+
