@@ -23,7 +23,7 @@ from protofl.data import fetch as F
 from protofl.data.leaf import write_leaf
 from protofl.data.registry import load_dataset
 from protofl.data.sources import SOURCES, DataSource, FileSource
-from protofl.engine import parallel, runfolder
+from protofl.engine import runfolder, trainers
 from protofl.errors import Diverged, ProtoflError
 from protofl.models.pretrained import read_state_dict
 from protofl.report.compare import compare, load_runs, make_tables
@@ -66,11 +66,11 @@ MAX_CLASSES = 100_000  # data/leaf.py's documented cap
 # ---- item 5: input that exhausts the machine ----
 
 def test_workers_above_the_usable_cores_are_capped_with_a_warning(monkeypatch, caplog):
-    monkeypatch.setattr(parallel, "usable_cores", lambda: 2)
+    monkeypatch.setattr(trainers, "usable_cores", lambda: 2)
     with caplog.at_level(logging.WARNING, "protofl"):
-        assert parallel.resolve_workers(1000) == 2
+        assert trainers.resolve_workers(1000) == 2
     assert "workers = 1000 exceeds the 2 usable CPU cores; using 2" in caplog.text
-    assert parallel.resolve_workers(None) == 2 and parallel.resolve_workers(1) == 1
+    assert trainers.resolve_workers(None) == 2 and trainers.resolve_workers(1) == 1
 
 
 def leaf_folder(root: Path, ys: list[list[int]]) -> Path:

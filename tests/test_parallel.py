@@ -16,13 +16,10 @@ from protofl.algorithms.registry import make_algorithm
 from protofl.config import config_from_dict
 from protofl.data import store
 from protofl.data.federated import from_client_lists
-from protofl.engine import parallel
-from protofl.engine.parallel import ParallelTrainer, choose_trainer, split_jobs
+from protofl.engine import parallel, trainers
+from protofl.engine.parallel import ParallelTrainer, split_jobs
 from protofl.engine.schedule import Job
 from protofl.engine.train import LocalSetup, RoundContext, SequentialTrainer
-from protofl.engine.vectorized import VectorizedTrainer
-from protofl.errors import ProtoflError
-from protofl.models.nets import Mlp, leaf_cnn
 from protofl.nested import flatten
 
 C = 3
@@ -126,33 +123,14 @@ def test_an_experiment_gives_the_sequential_numbers():
         k: v for k, v in want.items() if k not in drop}
 
 
-def test_jobs_are_split_by_rows_to_process():
+def test_jobs_are_split_by_local_steps():
     data = federation((10, 40, 20, 30, 5))
     groups = split_jobs([Job(k, 1) for k in range(5)], data, 4, False, 2)
-    # largest first to the least loaded: 40 -> A | 30 -> B | 20 -> B (50) | 10 -> A (50) |
-    # 5 -> A (a tie goes to the first)
+    # steps ceil(n / 4) = 3, 10, 5, 8, 2; largest first to the least loaded: 10 -> A |
+    # 8 -> B | 5 -> B (13) | 3 -> A (13) | 2 -> A (a tie goes to the first)
     assert [[j.client for j in g] for g in groups] == [[1, 0, 4], [3, 2]]
     by_steps = split_jobs([Job(0, 3), Job(1, 1), Job(2, 2)], data, 4, True, 2)
     assert [[j.client for j in g] for g in by_steps] == [[0], [2, 1]]
-
-
-def test_auto_picks_parallel_for_convolutional_models_on_a_multicore_cpu(monkeypatch):
-    cnn, mlp = leaf_cnn((1, 28, 28), 10), Mlp(5, C, hidden=(8,))
-    assert isinstance(choose_trainer("auto", cnn, "cpu", 2), ParallelTrainer)
-    assert choose_trainer("auto", cnn, "cpu", 2).inner == "vectorized"
-    assert choose_trainer("auto", cnn, "cpu", 2, "fp16").inner == "sequential"
-    assert isinstance(choose_trainer("auto", cnn, "cpu", 1), VectorizedTrainer)
-    assert isinstance(choose_trainer("auto", mlp, "cpu", 8), VectorizedTrainer)
-    assert isinstance(choose_trainer("auto", cnn, "meta", 8), VectorizedTrainer)
-    dropout = nn.Sequential(cnn, nn.Dropout(0.1))
-    assert isinstance(choose_trainer("auto", dropout, "cpu", 8), SequentialTrainer)
-    assert isinstance(choose_trainer("parallel", mlp, "cpu", 1), ParallelTrainer)
-    with pytest.raises(ProtoflError, match="spreads clients over CPU processes"):
-        choose_trainer("parallel", cnn, "cuda", 2)
-    monkeypatch.setattr(parallel, "may_start_processes", lambda: False)  # a suite worker
-    assert isinstance(choose_trainer("auto", cnn, "cpu", 8), VectorizedTrainer)
-    with pytest.raises(ProtoflError, match="daemonic"):
-        choose_trainer("parallel", cnn, "cpu", 2)
 
 
 def test_suite_workers_start_no_processes(monkeypatch, tmp_path):
@@ -163,7 +141,7 @@ def test_suite_workers_start_no_processes(monkeypatch, tmp_path):
     monkeypatch.setattr(protofl.api, "run_experiment", lambda cfg, *a, **k: seen.append(cfg))
     suites._one(({"algorithm": "fedavg", "trainer": "auto"}, str(tmp_path), False))
     assert [(c.workers, c.threads) for c in seen] == [(1, 1)]
-    assert choose_trainer("auto", conv_model(), "cpu", seen[0].workers).name != "parallel"
+    assert "parallel" not in trainers.make("auto", conv_model(), "cpu", seen[0].workers).trainers
 
 
 def test_rows_are_shared_not_pickled(tmp_path):

@@ -231,6 +231,14 @@ def cmd_datasets(args) -> int:
     return 0
 
 
+def cmd_trainers(args) -> int:
+    from protofl.engine.trainers import describe
+
+    for name, line in describe().items():
+        print(f"{name:12s} {line}")
+    return 0
+
+
 def cmd_options(args) -> int:
     from protofl.doctables import options_markdown
 
@@ -426,6 +434,7 @@ def listing_parsers(sub) -> None:
     q.set_defaults(func=cmd_algorithms)
     for name, func, text in (("datasets", cmd_datasets, "list the datasets"),
                              ("suites", cmd_suites, "list the experiment suites"),
+                             ("trainers", cmd_trainers, "list the trainers"),
                              ("options", cmd_options,
                               "every config and algorithm option, as Markdown tables")):
         sub.add_parser(name, help=text).set_defaults(func=func)

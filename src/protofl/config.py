@@ -316,11 +316,9 @@ class Config:
                                 "the last round always", ge=1)
     checkpoint_every: int = option(10, "save the checkpoint every N rounds and always after "
                                        "the last (0: after the last only)", ge=0)
-    trainer: str = option("auto", "vectorized (vmap over clients), sequential, parallel (clients "
-                                  "spread over worker processes, CPU), or auto (parallel for "
-                                  "convolutional models on a multi-core CPU, else vectorized "
-                                  "when the model and loss allow)",
-                          choices=("auto", "sequential", "vectorized", "parallel"))
+    trainer: str = option("auto", "who trains a round's clients: auto (each round the trainer "
+                                  "the cost model finds cheapest for that round's work), or "
+                                  "one trainer by name (`protofl trainers` lists them)")
     workers: int | None = option(None, "worker processes of the parallel trainer (auto: every "
                                        "usable core; more are capped to them)", ge=1, auto=True)
     device: str = option("auto", "where the model trains and is evaluated (auto: CUDA when "

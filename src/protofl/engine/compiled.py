@@ -135,9 +135,8 @@ class CompiledTrainer(VectorizedTrainer):
         return (VectorizedTrainer.unable(model, precision, device)
                 or compile_reason(torch.device(device)))
 
-    @staticmethod
-    def cost(work: costs.Work) -> float:
-        return costs.compiled_seconds(work)
+    def estimate(self, work: costs.Work) -> float:
+        return costs.compiled_seconds(work, frozenset(m for _, m in self.graphs))
 
     def make_step(self, rc: RoundContext, stack: Stack, works: list[ClientWork]) -> Step:
         return CompiledStep(stack, self.graphs, super().make_step(rc, stack, works))

@@ -1,5 +1,5 @@
 """What a round's local training costs on each trainer: the cost model the trainers' choice
-reads (``engine/trainers.py``).
+reads (``engine/trainers.py``; each trainer's ``estimate`` is built from these functions).
 
 A step's time is an overhead (Python, dispatch, autograd bookkeeping) plus its arithmetic:
 ``3 x`` the model's forward FLOPs per sample x the batch (forward and backward) at a sustained
@@ -7,19 +7,27 @@ rate. The plain step (one client, ordinary autograd) pays its overhead per clien
 pays a larger overhead once for its ``n`` clients and a small one per client; a compiled step
 (``engine/compiled.py``) pays the least, after a one-off compile per stack size. The constants
 were measured with ``benchmarks/trainer_costs.py`` on this project's 2-core build machine
-(AMD EPYC, torch 2.13 CPU, one thread; 2026-12-02): a fit over the Synthetic MLP (60-128-256-10)
-and the LEAF CNN at batches of 10, 1-16 clients. They decide, never measure: the choice is the
-same on every machine for the same config, so a run's numbers are too.
+(torch 2.13 CPU, one thread): a fit over the Synthetic MLP (60-128-256-10) and the LEAF CNN at
+batches of 10, 1-16 clients. They decide, never measure: the choice is the same on every
+machine for the same config, so a run's numbers are too. A one-off cost (a compile, starting
+worker processes) is spread over the rounds left, so a long run pays it and a short one
+does not.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 import weakref
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from protofl.engine.train import LocalSetup
+if TYPE_CHECKING:  # types only: the trainers import this module
+    from protofl.data.federated import FederatedData
+    from protofl.engine.schedule import Job
+    from protofl.engine.train import LocalSetup, RoundContext
 
 # seconds; FLOP rate in FLOP/s (one CPU thread)
 CPU = {
@@ -30,29 +38,39 @@ CPU = {
     "compiled_client": 2.0e-5,  # ... and per client in it
     "rate": 1.2e10,
     "compile": 12.0,  # one compile (one stack size)
+    "fork": 0.3,  # starting one worker process (once a run)
+    "message": 2e-3,  # a round's messages to and from workers, per client
 }
 # on a GPU the arithmetic of these models is nearly free and every launch costs: vmap pays
 # (estimates until measured on a GPU: benchmarks/gpu.sh)
 CUDA = {"plain": 6e-4, "vmap": 1.2e-3, "vmap_client": 2e-6, "compiled": 2e-4,
-        "compiled_client": 1e-6, "rate": 5e12, "compile": 30.0}
+        "compiled_client": 1e-6, "rate": 5e12, "compile": 30.0, "fork": 0.3, "message": 2e-3}
 
 
 @dataclass(frozen=True)
 class Work:
     """A set of clients' local training: each client's steps, the batch, the model's forward
-    FLOPs per sample and the device."""
+    FLOPs per sample, the device, and the run's rounds left (this one included)."""
 
     steps: tuple[int, ...]
     batch: int
     flops: float
     device: str = "cpu"
+    rounds_left: int = 1
 
     @classmethod
     def of(cls, model: torch.nn.Module, x1: torch.Tensor, setup: LocalSetup,
-           steps: list[int]) -> Work:
+           steps: list[int], rounds_left: int = 1) -> Work:
         dev = torch.device(setup.device).type
         return cls(tuple(steps), setup.batch_size, forward_flops(model, tuple(x1.shape[1:]),
-                                                                 x1.dtype), dev)
+                                                                 x1.dtype), dev, rounds_left)
+
+    @classmethod
+    def of_round(cls, rc: RoundContext, rounds_left: int = 1) -> Work:
+        """The work of a round's jobs (before any client is prepared)."""
+        s = rc.setup
+        steps = [job_steps(j, rc.data, s.batch_size, s.by_steps) for j in rc.jobs]
+        return cls.of(rc.alg.model, rc.data.inputs(rc.data.x_train[:1]), s, steps, rounds_left)
 
     def constants(self) -> dict[str, float]:
         return CUDA if self.device == "cuda" else CPU
@@ -66,6 +84,25 @@ class Work:
         by steps, most first, so those with a step ``t`` are a prefix)."""
         s = sorted(self.steps, reverse=True) + [0]
         return [(s[i] - s[i + 1], i + 1) for i in range(len(self.steps)) if s[i] > s[i + 1]]
+
+
+def job_steps(job: Job, data: FederatedData, batch_size: int, by_steps: bool) -> int:
+    """A job's local steps: its units, or its epochs of ``ceil(n_k / B)`` batches."""
+    if by_steps:
+        return job.units
+    return job.units * math.ceil(int(data.train_sizes[job.client]) / batch_size)
+
+
+def split(loads: list[int], parts: int) -> list[list[int]]:
+    """Indices of ``loads`` in ``parts`` groups of about equal sum: largest first to the least
+    loaded group (ties: the lower group, the earlier index)."""
+    groups: list[list[int]] = [[] for _ in range(parts)]
+    heap = [(0, g) for g in range(parts)]
+    for i in sorted(range(len(loads)), key=lambda i: -loads[i]):
+        load, g = heapq.heappop(heap)
+        groups[g].append(i)
+        heapq.heappush(heap, (load + loads[i], g))
+    return groups
 
 
 _FLOPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -128,11 +165,11 @@ def bucket(n: int, most: int) -> int:
     return min(1 << max(n - 1, 0).bit_length(), most)
 
 
-def compiled_seconds(work: Work, compiles: bool = True) -> float:
-    """The compiled trainer's estimate (``compiles``: with the compile of each stack size it
-    needs)."""
+def compiled_seconds(work: Work, compiled: frozenset[int] = frozenset()) -> float:
+    """The compiled trainer's estimate: its steps, and the compile of each stack size it needs
+    that is not in ``compiled`` yet, spread over the rounds left."""
     most = len(work.steps)
-    sizes = {bucket(n, most) for _, n in work.active()}
+    sizes = {bucket(n, most) for _, n in work.active()} - compiled
     run = sum(steps * compiled_step(work, bucket(n, most)) for steps, n in work.active())
-    return run + (len(sizes) * work.constants()["compile"] if compiles else 0.0)
+    return run + len(sizes) * work.constants()["compile"] / work.rounds_left
 

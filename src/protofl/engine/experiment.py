@@ -16,12 +16,11 @@ from protofl import device as devices
 from protofl.algorithms.base import validate_upload
 from protofl.config import Config
 from protofl.data.federated import FederatedData
-from protofl.engine import hetero, runfolder
+from protofl.engine import hetero, runfolder, trainers
 from protofl.engine.aggregation import Aggregation, stack
 from protofl.engine.callbacks import Callback, load_callback, metric_callbacks
 from protofl.engine.divergence import check_loss, remedy
 from protofl.engine.federation import Federation, build
-from protofl.engine.parallel import choose_trainer
 from protofl.engine.schedule import assign_work, sample_clients
 from protofl.engine.train import ClientResult, RoundContext, Trainer
 from protofl.errors import Diverged, ProtoflError
@@ -63,9 +62,9 @@ class Experiment:
         self.stopped = ""  # why the run ended before cfg.rounds (the privacy budget)
         self.elapsed = 0.0
         self.last: dict = {}  # the last evaluated round's record
-        self.trainer = hetero.grouped(trainer or choose_trainer(
+        self.trainer = hetero.grouped(trainer or trainers.make(
             self.cfg.trainer, self.alg.model, self.device, self.cfg.workers,
-            self.cfg.precision), self.alg)
+            self.cfg.precision, self.cfg.rounds), self.alg)
         self.callbacks = (metric_callbacks() if callbacks is None else list(callbacks)) + [
             load_callback(path) for path in self.cfg.callbacks]
 
@@ -231,7 +230,8 @@ class Experiment:
         keep = {k: v for k, v in self.last.items()
                 if not isinstance(v, list) or k == "confusion"}
         return {"algorithm": self.alg.name, "dataset": self.data.name, "seed": self.cfg.seed,
-                "rounds": self.round, "trainer": self.trainer.name, "device": str(self.device),
+                "rounds": self.round, "trainer": self.trainer.name,
+                **trainers.rounds_by_trainer(self.trainer), "device": str(self.device),
                 "seconds": round(self.elapsed, 3), **keep,
                 **({"stopped": self.stopped} if self.stopped else {}),
                 "provenance": provenance()}

@@ -17,9 +17,9 @@ sequential inner trainer the results are the sequential trainer's, bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-import multiprocessing
 import os
 import sys
 import traceback
@@ -36,10 +36,9 @@ from torch.utils._pytree import tree_leaves, tree_map
 from protofl.algorithms.base import Algorithm
 from protofl.data import store
 from protofl.data.federated import FederatedData
-from protofl.engine import hetero
+from protofl.engine import costs, hetero, trainers
 from protofl.engine.schedule import Job
-from protofl.engine.train import ClientResult, RoundContext, SequentialTrainer, Trainer
-from protofl.engine.vectorized import VectorizedTrainer, precision_reason, vectorize_reason
+from protofl.engine.train import ClientResult, RoundContext, Trainer
 from protofl.errors import ProtoflError
 from protofl.models.nets import ProtoNet
 
@@ -49,75 +48,8 @@ START = "fork" if sys.platform == "linux" else "spawn"  # how workers are starte
 PARENT_CHECK = 2.0  # seconds between a waiting worker's checks that its parent lives
 
 
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def resolve_workers(workers: int | None) -> int:
-    """``workers: auto`` (None) is every usable core; more than that is capped to it, with a
-    warning (a process per job beyond the cores only thrashes the machine)."""
-    cores = usable_cores()
-    if workers and workers > cores:
-        log.warning("workers = %d exceeds the %d usable CPU cores; using %d", workers, cores,
-                    cores)
-        return cores
-    return workers or cores
-
-
-def may_start_processes() -> bool:
-    """False inside a daemonic process (a suite's pool worker), which cannot have children."""
-    return not multiprocessing.current_process().daemon
-
-
 def convolutional(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
-
-
-def inner_trainer(model: ProtoNet, precision: str = "fp32") -> str:
-    """The trainer a worker (or a single process) runs: vectorized where it can."""
-    ok = vectorize_reason(model) is None and precision_reason(precision) is None
-    return "vectorized" if ok else "sequential"
-
-
-def choose_trainer(name: str, model: ProtoNet, device: torch.device | str = "cpu",
-                   workers: int = 1, precision: str = "fp32") -> Trainer:
-    """The trainer a config's ``trainer`` asks for.
-
-    ``auto``: on a CPU with at least two workers, a convolutional model and no dropout, the
-    parallel trainer (the LEAF CNN's round: 0.60 s of CPU in one process, 0.64 s over two
-    workers with 0.34 s on the longer one, so about 1.8x faster with two free cores; a small
-    MLP's: 0.13 s against 0.17 s, 0.09 s the longer, a gain that any load on the machine
-    undoes); else the vectorized trainer where the model allows, else the sequential one.
-    ``parallel``
-    runs on the CPU only, and not inside a daemonic process; ``vectorized`` and ``auto`` train
-    sequentially, saying why, when the model cannot be vectorized."""
-    device = torch.device(device)
-    if name == "parallel":
-        if device.type != "cpu":
-            raise ProtoflError(f"config: trainer = 'parallel' spreads clients over CPU "
-                               f"processes; with device {device} use vectorized or auto")
-        if not may_start_processes():
-            raise ProtoflError("config: trainer = 'parallel' cannot start worker processes "
-                               "inside a daemonic process (a suite worker); use vectorized")
-        return ParallelTrainer(workers, inner_trainer(model, precision))
-    if (name == "auto" and device.type == "cpu" and workers >= 2 and convolutional(model)
-            and not _has_dropout(model) and may_start_processes()):
-        return ParallelTrainer(workers, inner_trainer(model, precision))
-    reason = None if name == "sequential" else (vectorize_reason(model)
-                                                or precision_reason(precision))
-    if reason is not None:
-        log.info("training sequentially: %s", reason)
-    if name == "sequential" or reason is not None:
-        return SequentialTrainer()
-    return VectorizedTrainer()
-
-
-def _has_dropout(model: nn.Module) -> bool:
-    """Dropout draws from the global generator, which differs between processes."""
-    return any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
 
 
 # ---- the training rows, shared ----
@@ -183,7 +115,7 @@ class SharedTraining:
 # ---- the workers ----
 
 def _worker(conn: Any, alg: Algorithm, data: FederatedData | SharedTraining, inner: str,
-            dtype: torch.dtype, parent: int) -> None:
+            dtype: torch.dtype, parent: int, rounds: int) -> None:
     """A worker's loop: ``(broadcast, jobs, client_states, setup, round)`` in, results out;
     it ends on ``None``, or when the parent process ``parent`` is gone (forked siblings hold
     copies of the pipes, so a dead parent is not always an end of file)."""
@@ -191,8 +123,8 @@ def _worker(conn: Any, alg: Algorithm, data: FederatedData | SharedTraining, inn
     torch.set_default_dtype(dtype)
     if isinstance(data, SharedTraining):
         data = data.open()
-    trainer: Trainer = VectorizedTrainer() if inner == "vectorized" else SequentialTrainer()
-    trainer = hetero.grouped(trainer, alg)  # a heterogeneous federation: one model at a time
+    torch._inductor.config.compile_threads = 1  # a daemonic process: no compile workers
+    trainer: Trainer | None = None
     while True:
         try:
             while not conn.poll(PARENT_CHECK):
@@ -206,11 +138,20 @@ def _worker(conn: Any, alg: Algorithm, data: FederatedData | SharedTraining, inn
         shared, jobs, setup, rnd = msg
         broadcast, states = unpack(shared)
         try:
+            if trainer is None:  # a heterogeneous federation: one model at a time
+                trainer = hetero.grouped(_inner(inner, alg, setup.precision, rounds), alg)
             results = trainer.train(RoundContext(alg, broadcast, jobs, data, states, setup,
                                                  rnd))
             conn.send(("ok", pack([(r.client, r.upload, r.state, r.loss) for r in results])))
         except BaseException:  # noqa: BLE001 - reported to the parent, which raises
             conn.send(("error", traceback.format_exc()))
+
+
+def _inner(name: str, alg: Algorithm, precision: str, rounds: int) -> Trainer:
+    """A worker's trainer: ``auto`` (the in-process trainers' per-round choice) or a name."""
+    if name == "auto":
+        return trainers.Auto(alg.model, "cpu", 1, precision, rounds, in_process=True)
+    return trainers.make(name, alg.model, "cpu", 1, precision)
 
 
 def _stop(procs: list, conns: list) -> None:
@@ -229,36 +170,48 @@ def _stop(procs: list, conns: list) -> None:
 
 def split_jobs(jobs: list[Job], data: FederatedData, batch_size: int, by_steps: bool,
                parts: int) -> list[list[Job]]:
-    """Jobs in ``parts`` groups of about equal work (rows to process: units x client size, or
-    units x batch size when units are steps), largest first to the least loaded group."""
-    def cost(j: Job) -> int:
-        return j.units * (batch_size if by_steps else int(data.train_sizes[j.client]))
-
-    groups: list[list[Job]] = [[] for _ in range(parts)]
-    load = [0] * parts
-    for j in sorted(jobs, key=cost, reverse=True):
-        i = load.index(min(load))
-        groups[i].append(j)
-        load[i] += cost(j)
-    return groups
+    """Jobs in ``parts`` groups of about equal local steps, longest first to the least loaded
+    group (``costs.split``)."""
+    steps = [costs.job_steps(j, data, batch_size, by_steps) for j in jobs]
+    return [[jobs[i] for i in part] for part in costs.split(steps, parts)]
 
 
 class ParallelTrainer:
     """A round's jobs spread over ``workers`` processes, each training its share with the
-    ``inner`` trainer (``"vectorized"`` or ``"sequential"``) on one thread. The processes start
-    at the first round and stop with :meth:`close` (or when the trainer is collected)."""
+    ``inner`` trainer on one thread (``auto``: the in-process trainers' per-round choice, or a
+    trainer's name). The processes start at the first round and stop with :meth:`close` (or
+    when the trainer is collected)."""
 
     name = "parallel"
+    description = ("the round's clients spread over worker processes (CPU), longest first "
+                   "to the least loaded, each worker choosing its own in-process trainer")
     groups_inside = True  # each worker splits a heterogeneous round by model (engine/hetero.py)
 
-    def __init__(self, workers: int, inner: str = "sequential", start: str = START):
+    def __init__(self, workers: int, inner: str = "auto", start: str = START,
+                 rounds: int = 1):
         if workers < 1:
             raise ProtoflError(f"parallel trainer: workers = {workers}; at least 1")
-        self.workers, self.inner, self.start = workers, inner, start
+        self.workers, self.inner, self.start, self.rounds = workers, inner, start, rounds
+        names = trainers.IN_PROCESS if inner == "auto" else (inner,)
+        self.estimators = [trainers.trainer_class(n)() for n in names]
         self._procs: list = []
         self._conns: list = []
         self._for: tuple[int, int] | None = None  # id of the algorithm and data served
         self._finalizer: weakref.finalize | None = None
+
+    @staticmethod
+    def unable(model: ProtoNet, precision: str, device: torch.device) -> str | None:
+        return trainers.parallel_reason(model, torch.device(device), 2)
+
+    def estimate(self, work: costs.Work) -> float:
+        """The longest worker's share at its cheapest in-process trainer, plus the round's
+        messages (and the workers' start, spread over the rounds left)."""
+        shares = [tuple(work.steps[i] for i in part)
+                  for part in costs.split(list(work.steps), self.workers) if part]
+        longest = max(min(e.estimate(dataclasses.replace(work, steps=share))
+                          for e in self.estimators) for share in shares)
+        start = 0.0 if self._procs else self.workers * work.constants()["fork"]
+        return longest + work.constants()["message"] * len(work.steps) + start / work.rounds_left
 
     def _start(self, rc: RoundContext) -> None:
         self.close()
@@ -267,7 +220,8 @@ class ParallelTrainer:
         for _ in range(self.workers):
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_worker, daemon=True, args=(
-                child, rc.alg, shared, self.inner, torch.get_default_dtype(), os.getpid()))
+                child, rc.alg, shared, self.inner, torch.get_default_dtype(), os.getpid(),
+                self.rounds))
             try:
                 p.start()
             except Exception as e:  # noqa: BLE001 - e.g. an algorithm that cannot be pickled

@@ -22,8 +22,8 @@ from protofl.config import Config, DataConfig, ModelConfig, build, declared
 from protofl.data.federated import FederatedData
 from protofl.data.registry import dataset_spec, dataset_task
 from protofl.engine import hetero
-from protofl.engine.parallel import resolve_workers, usable_cores
 from protofl.engine.schedule import step_budget
+from protofl.engine.trainers import resolve_workers, trainer_class, usable_cores
 from protofl.errors import ProtoflError
 from protofl.models.registry import DEEPLAB_KEYS, build_model, check_model_config
 
@@ -103,6 +103,8 @@ def resolve(cfg: Config, data: FederatedData) -> RunSpec:
     round's expected SGD steps each round."""
     task = check_task(cfg)
     hetero.check(cfg)
+    if cfg.trainer != "auto":
+        trainer_class(cfg.trainer)  # a name the registry has
     cls = algorithm_class(cfg.algorithm)
     data_cfg = dataclasses.replace(resolve_data(cfg.data), num_clients=data.num_clients,
                                    **cls.data_defaults)

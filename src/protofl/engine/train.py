@@ -32,6 +32,7 @@ from protofl.algorithms.base import Algorithm, Tensors
 from protofl.algorithms.optimizers import make_optimizer
 from protofl.data.federated import FederatedData
 from protofl.data.pipeline import Transform, compose
+from protofl.engine import costs
 from protofl.engine.schedule import Job, local_schedule
 from protofl.seeding import AUGMENT, ORDER, torch_gen
 
@@ -89,7 +90,9 @@ class ClientResult:
 
 
 class Trainer(Protocol):
-    """Trains a round's jobs; results in job order, for the jobs it could train."""
+    """Trains a round's jobs; results in job order, for the jobs it could train. A trainer in
+    the registry (``engine/trainers.py``) also has a ``description``, a static
+    ``unable(model, precision, device)`` and ``estimate(work)``."""
 
     name: str
 
@@ -203,6 +206,14 @@ class SequentialTrainer:
     """The round's jobs one after another (the reference path)."""
 
     name = "sequential"
+    description = "the round's clients one after another, an ordinary optimizer loop each"
+
+    @staticmethod
+    def unable(model: torch.nn.Module, precision: str, device: torch.device) -> str | None:
+        return None
+
+    def estimate(self, work: costs.Work) -> float:
+        return costs.sequential_seconds(work)
 
     def train(self, rc: RoundContext) -> list[ClientResult]:
         rc = placed(rc)  # the broadcast moved once, not once per client

@@ -292,7 +292,11 @@ class Rows:
         row_bytes = max(1, rc.data.x_train[:1].numel() * 4)
         self.window = max(1, min(WINDOW_STEPS, WINDOW_BYTES // (row_bytes * bmax * len(works))))
         self.start, self.x, self.y = 0, None, None
-        self.w = (torch.arange(bmax) < sizes[..., None]).to(self.dev)  # real rows: weight 1
+        # real rows weigh 1; (steps, clients, b), so a step's weights are contiguous (a
+        # compiled step's graph is specialised to its inputs' strides)
+        self.w = torch.empty(steps, len(works), bmax, dtype=torch.bool)
+        torch.lt(torch.arange(bmax), sizes.T[..., None], out=self.w)
+        self.w = self.w.to(self.dev)
 
     def batch(self, t: int, m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Step ``t``'s rows of the first ``m`` clients (gathered: new tensors, which the
@@ -303,7 +307,7 @@ class Rows:
             self.y = devices.upload(self.data.y_train[r], self.dev)
             self.start = t
         x, y = self.x[t - self.start, :m], self.y[t - self.start, :m]
-        return x, y, self.w[:m, t].to(x.dtype)
+        return x, y, self.w[t, :m].to(x.dtype)
 
 
 def add_stats(totals: list[torch.Tensor] | None, stats: list[torch.Tensor],
@@ -381,8 +385,7 @@ class VectorizedTrainer:
     def unable(model: ProtoNet, precision: str, device: torch.device) -> str | None:
         return vectorize_reason(model) or precision_reason(precision)
 
-    @staticmethod
-    def cost(work: costs.Work) -> float:
+    def estimate(self, work: costs.Work) -> float:
         return costs.vectorized_seconds(work)
 
     def make_step(self, rc: RoundContext, stack: Stack, works: list[ClientWork]) -> Step:

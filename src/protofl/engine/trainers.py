@@ -1,0 +1,190 @@
+"""The trainers protofl has, and the one rule that picks one for each round.
+
+A trainer is registered here by name and import path (``module:Class``), so reading the
+registry imports no trainer. A trainer class has a ``name``, a one-line ``description``, a
+static ``unable(model, precision, device) -> str | None`` (why it cannot train that model,
+or None) and a method ``estimate(work: costs.Work) -> float``: the seconds the cost model
+(``engine/costs.py``) gives its local training of a round. Adding a trainer is one file and
+one line in :data:`TRAINERS`.
+
+``trainer: auto`` is :class:`Auto`: every round it asks each trainer that can train the
+model for its estimate of *that round's* work (each active client's steps, the batch, the
+model's FLOPs) and trains the round with the cheapest. A balanced round of many clients goes
+to the vectorized (or compiled) trainer, a heavy-tailed one where one client holds most of
+the steps to the parallel trainer (the long client on one core, the others beside it) or to
+the compiled step. The estimates are a fixed function of the config and the round's jobs,
+never a timing, so a config's trainer choices, and so its numbers, are the same on every run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import multiprocessing
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from protofl.engine import costs, hetero
+from protofl.engine.train import ClientResult, RoundContext, Trainer
+from protofl.errors import ProtoflError
+from protofl.models.nets import ProtoNet
+
+log = logging.getLogger("protofl")
+
+TRAINERS: dict[str, str] = {
+    "sequential": "protofl.engine.train:SequentialTrainer",
+    "vectorized": "protofl.engine.vectorized:VectorizedTrainer",
+    "compiled": "protofl.engine.compiled:CompiledTrainer",
+    "parallel": "protofl.engine.parallel:ParallelTrainer",
+}
+IN_PROCESS = ("sequential", "vectorized", "compiled")  # one process, the run's threads
+CHOICES = ("auto", *TRAINERS)
+
+
+def trainer_class(name: str) -> type:
+    if name not in TRAINERS:
+        raise ProtoflError(f"config: trainer = {name!r} is not a trainer; one of "
+                           f"{', '.join(CHOICES)}")
+    module, cls = TRAINERS[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def describe() -> dict[str, str]:
+    """Each trainer's one line (``auto`` first)."""
+    return {"auto": Auto.description,
+            **{n: trainer_class(n).description for n in TRAINERS}}
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def resolve_workers(workers: int | None) -> int:
+    """``workers: auto`` (None) is every usable core; more than that is capped to it, with a
+    warning (a process per job beyond the cores only thrashes the machine)."""
+    cores = usable_cores()
+    if workers and workers > cores:
+        log.warning("workers = %d exceeds the %d usable CPU cores; using %d", workers, cores,
+                    cores)
+        return cores
+    return workers or cores
+
+
+def may_start_processes() -> bool:
+    """False inside a daemonic process (a suite's pool worker), which cannot have children."""
+    return not multiprocessing.current_process().daemon
+
+
+def has_dropout(model: nn.Module) -> bool:
+    """Dropout draws from the global generator, which differs between processes."""
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
+
+
+def parallel_reason(model: ProtoNet, device: torch.device, workers: int) -> str | None:
+    """None when the parallel trainer may train ``model``; else why not."""
+    if device.type != "cpu":
+        return f"the parallel trainer spreads clients over CPU processes, not {device}"
+    if not may_start_processes():
+        return "the parallel trainer cannot start worker processes inside a daemonic process"
+    if workers < 2:
+        return "the parallel trainer needs at least 2 workers"
+    if has_dropout(model):
+        return "dropout draws from each process's own generator"
+    return None
+
+
+def make(name: str, model: ProtoNet, device: torch.device | str = "cpu", workers: int = 1,
+         precision: str = "fp32", rounds: int = 1) -> Trainer:
+    """The trainer a config's ``trainer`` asks for. A named trainer that cannot train the
+    model falls back to the sequential one, saying why (``parallel`` on a GPU or inside a
+    daemonic process is an error instead); ``auto`` is :class:`Auto`."""
+    device = torch.device(device)
+    if name == "auto":
+        return Auto(model, device, workers, precision, rounds)
+    cls = trainer_class(name)
+    if name == "parallel":
+        reason = parallel_reason(model, device, max(workers, 2))
+        if reason is not None:
+            raise ProtoflError(f"config: trainer = 'parallel': {reason}; use auto")
+        return cls(workers, "auto", rounds=rounds)
+    reason = cls.unable(model, precision, device)
+    if reason is not None:
+        log.info("training sequentially: %s", reason)
+        return trainer_class("sequential")()
+    return cls()
+
+
+def candidates(model: ProtoNet, device: torch.device, workers: int, precision: str,
+               names: tuple[str, ...] = tuple(TRAINERS)) -> dict[str, Any]:
+    """One instance of each trainer in ``names`` that can train ``model``."""
+    out: dict[str, Any] = {}
+    for name in names:
+        cls = trainer_class(name)
+        if name == "parallel":
+            if parallel_reason(model, device, workers) is None:
+                out[name] = cls(workers, "auto")
+        elif cls.unable(model, precision, device) is None:
+            out[name] = cls()
+    return out
+
+
+def rounds_by_trainer(trainer: Trainer) -> dict[str, dict[str, int]]:
+    """``{"trainer_rounds": {name: rounds}}`` for a run trained by :class:`Auto` (else {})."""
+    chosen = getattr(getattr(trainer, "inner", trainer), "chosen", None)
+    if not chosen:
+        return {}
+    return {"trainer_rounds": {n: chosen.count(n) for n in dict.fromkeys(chosen)}}
+
+
+def cheapest(trainers: dict[str, Any], work: costs.Work) -> str:
+    """The trainer with the least estimate for ``work`` (the first registered on a tie)."""
+    return min(trainers, key=lambda n: trainers[n].estimate(work))
+
+
+class Auto:
+    """``trainer: auto``: each round trained by the trainer with the least estimated cost
+    for that round's work (``cheapest``), among those that can train the model.
+
+    ``in_process`` keeps to one process (what the parallel trainer's workers run). A
+    heterogeneous federation's rounds go to the parallel trainer whole (its workers split
+    them by model group) or to an in-process trainer one group at a time."""
+
+    name = "auto"
+    description = ("each round trained by the trainer the cost model finds cheapest for "
+                   "that round's work (engine/costs.py)")
+    groups_inside = True
+
+    def __init__(self, model: ProtoNet, device: torch.device | str = "cpu", workers: int = 1,
+                 precision: str = "fp32", rounds: int = 1, in_process: bool = False):
+        device = torch.device(device)
+        names = IN_PROCESS if in_process else tuple(TRAINERS)
+        self.trainers = candidates(model, device, workers, precision, names)
+        self.rounds = rounds
+        self.chosen: list[str] = []  # the trainer of each round trained, in order
+
+    def work(self, rc: RoundContext) -> costs.Work:
+        return costs.Work.of_round(rc, rounds_left=max(1, self.rounds - rc.round + 1))
+
+    def choose(self, rc: RoundContext) -> str:
+        return cheapest(self.trainers, self.work(rc))
+
+    def train(self, rc: RoundContext) -> list[ClientResult]:
+        if not rc.jobs:
+            return []
+        name = self.choose(rc)
+        self.chosen.append(name)
+        trainer = self.trainers[name]
+        if name != "parallel":
+            trainer = hetero.grouped(trainer, rc.alg)
+        return trainer.train(rc)
+
+    def close(self) -> None:
+        for t in self.trainers.values():
+            if hasattr(t, "close"):
+                t.close()
