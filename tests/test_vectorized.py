@@ -289,10 +289,14 @@ def test_segmentation_with_crop_flip_equals_sequential(float64, monkeypatch, nam
 @pytest.mark.parametrize("name,setup", [("fedavg", "sgd-momentum-steps"),
                                         ("fedprox", "sgd-momentum-steps"),
                                         ("fedproin", "adam-epochs")])
-def test_compiled_equals_sequential(float64, caplog, name, setup):
+def test_compiled_equals_sequential(float64, caplog, monkeypatch, name, setup):
     """The compiled trainer gives the sequential trainer's results (stack sizes 4, 2 and 1,
-    clients past their last step masked), and says nothing about falling back."""
+    clients past their last step masked, windows of 2 steps, the last one padded), and says
+    nothing about falling back."""
+    from protofl.engine import costs
     from protofl.engine.compiled import CompiledTrainer
+
+    monkeypatch.setattr(costs, "COMPILED_STEPS", 2)  # small graphs: a quick compile
 
     s = SETUPS[setup]
     data = federation()
@@ -313,3 +317,30 @@ def test_compiled_equals_sequential(float64, caplog, name, setup):
                     client_states[r.client] = r.state
             state, _ = alg.aggregate(state, [r.upload for r in seq], rnd)
     assert not [r for r in caplog.records if "compile" in r.getMessage()]
+
+
+def test_compiled_falls_back_to_eager_steps_saying_why(caplog, monkeypatch):
+    """A step torch.compile cannot compile: one line says why, and the round is trained by
+    the eager steps with the sequential results."""
+    from protofl.engine import compiled
+
+    def refuse(*a, **k):
+        raise RuntimeError("no compiler today")
+
+    monkeypatch.setattr(compiled.torch, "compile", refuse)
+    monkeypatch.setattr(vectorized, "_logged", set())
+    data = federation()
+    torch.manual_seed(0)
+    model = Mlp(5, C, hidden=(8, 6))
+    alg = make_algorithm("fedproin", {}, model, C, info(data))
+    jobs = [Job(0, 3), Job(1, 3), Job(2, 1, straggler=True), Job(3, 2)]
+    rc = RoundContext(alg, alg.broadcast(alg.init_state(alg.model)), jobs, data, {},
+                      SETUPS["adam-epochs"], 1)
+    with caplog.at_level(logging.INFO, logger="protofl"):
+        got = compiled.CompiledTrainer().train(rc)
+    seq = SequentialTrainer().train(rc)
+    for r, v in zip(seq, got):
+        assert_same(r.upload, v.upload, tol=1e-5)
+    said = [r.getMessage() for r in caplog.records if "compile" in r.getMessage()]
+    assert said == ["compiled trainer: torch.compile failed (RuntimeError: no compiler "
+                    "today); training with eager steps"]

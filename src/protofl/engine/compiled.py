@@ -1,14 +1,16 @@
-"""The compiled trainer: the vectorized trainer's loop with every step (the clients' forward
-and backward under ``vmap`` and the optimizer update) compiled into one graph by
-``torch.compile``.
+"""The compiled trainer: the vectorized trainer's loop with every window of
+``costs.COMPILED_STEPS`` steps (at each, the clients' forward and backward under ``vmap`` and
+the optimizer update) compiled into one graph by ``torch.compile``.
 
 A step of small models is mostly overhead (Python, dispatch, autograd bookkeeping): compiled,
-the Synthetic MLP's step costs a quarter to a tenth of the eager one (``engine/costs.py``).
-A graph has a fixed shape, so a step of ``n`` clients runs at the stack size ``bucket(n)``
-(the next power of two), the clients past their last step marked inactive and left exactly as
-they were (``optim.step_``'s ``active``); a run compiles at most ``log2(K') + 1`` sizes, each
-once (a few seconds each). Batches keep their padded width (weight-0 rows). On a CPU the
-graph is C++ (``cpp_wrapper``); on CUDA it is replayed as a CUDA graph.
+and its call shared by the window's steps, the Synthetic MLP's step costs about a fifth of the
+eager one (``benchmarks/trainer_costs.py``). A graph has a fixed shape, so steps of ``n``
+clients run at the stack size ``bucket(n)`` (the next power of two), the clients past their
+last step marked inactive and left exactly as they were (``optim.step_``'s ``active``), and a
+window past a client's last step padded with steps no client has; a run compiles at most
+``log2(K') + 1`` sizes, each once (tens of seconds each on a CPU; torch's compile cache on disk
+serves later processes). Batches keep their padded width (weight-0 rows). On a CPU the graph is
+C++ (``cpp_wrapper``); on CUDA it is replayed as a CUDA graph.
 
 Results match the sequential trainer's within the equivalence tests' tolerance (the compiled
 arithmetic fuses and orders operations its own way). Where ``torch.compile`` cannot compile
@@ -49,34 +51,41 @@ def compile_reason(device: torch.device) -> str | None:
     return None
 
 
-def _step(alg: Algorithm, setup: LocalSetup, in_dims: tuple, trained: tuple[str, ...],
-          kind: type, params: Tensors, buffers, x, y, w, ctx, opt: Tensors,
-          active: torch.Tensor):
-    """One step of a stack of clients, as one graph: gradients, then the update of the
-    ``active`` clients' weights and optimizer state (in place)."""
-    grads, (value, stats) = vmapped(alg, setup, in_dims)(params, buffers, x, y, w, ctx)
-    optim.step_({k: params[k] for k in trained}, grads, kind(**opt), setup, active)
-    return value, stats
+def _steps(alg: Algorithm, setup: LocalSetup, in_dims: tuple, trained: tuple[str, ...],
+           kind: type, params: Tensors, buffers, x, y, w, ctx, opt: Tensors,
+           active: torch.Tensor):
+    """Steps of a stack of clients, as one graph: at each, the gradients, then the update of
+    that step's ``active`` clients' weights and optimizer state (in place).
+    Inputs ``(steps, m, b, ...)``, ``active`` ``(steps, m)``."""
+    step = vmapped(alg, setup, in_dims)
+    values, stats = [], []
+    for i in range(x.shape[0]):
+        grads, (value, stat) = step(params, buffers, x[i], y[i], w[i], ctx)
+        optim.step_({k: params[k] for k in trained}, grads, kind(**opt), setup, active[i])
+        values.append(value)
+        stats.append(stat)
+    return torch.stack(values), tree_map(lambda *v: torch.stack(v), *stats)
 
 
 def _fresh(m: int):
-    """``_step`` as a function of its own code object: each stack size keeps its own cache
+    """``_steps`` as a function of its own code object: each stack size keeps its own cache
     of compiled graphs (torch.compile limits the graphs cached per code object)."""
-    code = _step.__code__.replace(co_name=f"protofl_step_{m}")
-    return types.FunctionType(code, _step.__globals__, code.co_name)
+    code = _steps.__code__.replace(co_name=f"protofl_steps_{m}")
+    return types.FunctionType(code, _steps.__globals__, code.co_name)
 
 
 class CompiledStep:
-    """A step of the stack's first ``n`` clients at the compiled stack size ``bucket(n)``;
-    the vectorized trainer's eager step (``fallback``) where compiling fails."""
+    """``costs.COMPILED_STEPS`` steps of the stack's first clients at the compiled stack size
+    ``bucket(n)``, ``n`` the clients with the first of them; the vectorized trainer's eager
+    step (``fallback``) where compiling fails."""
 
     def __init__(self, stack: Stack, graphs: dict, fallback: Step):
+        self.steps = costs.COMPILED_STEPS
         self.stack, self.graphs, self.fallback = stack, graphs, fallback
         self.most = stack.size()
         self.failed = False
         self.dev = next(iter(stack.params.values())).device
         self.args: dict[int, tuple] = {}  # the stack's views at each size (they stay valid)
-        self.active: dict[tuple[int, int], torch.Tensor] = {}
 
     def width(self, n: int) -> int:
         return n if self.failed else costs.bucket(n, self.most)
@@ -97,25 +106,30 @@ class CompiledStep:
                 part_tree(s.ctx, s.cdims, rows), vars(s.opt.part(rows)))
         return self.args[m]
 
-    def __call__(self, n: int, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+    def __call__(self, ns: list[int], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
                  sizes: torch.Tensor) -> tuple[torch.Tensor, Tensors]:
-        if self.failed:
-            return self.fallback(n, x, y, w, sizes)
-        m = x.shape[0]
-        fn, head, ctx, opt = self._prepared(m)
-        if (m, n) not in self.active:
-            self.active[(m, n)] = torch.arange(m, device=self.dev) < n
-        try:
-            value, stats = fn(*head, x, y, w, ctx, opt, self.active[(m, n)])
-        except Exception as e:  # noqa: BLE001 - compiling failed: say why, go on eagerly
-            first = str(e).splitlines()[0] if str(e) else ""
-            log_once(f"compiled trainer: torch.compile failed ({type(e).__name__}: {first}); "
-                     "training with eager steps")
-            self.failed = True
-            return self.fallback(n, x[:n], y[:n], w[:n], sizes)
-        if m == n:
-            return value.detach(), tree_map(torch.Tensor.detach, stats)
-        return value[:n].detach(), tree_map(lambda v: v[:n].detach(), stats)
+        """Steps of the first ``ns[i]`` clients each (inputs ``(steps, m, b, ...)``, the
+        steps past ``len(ns)`` no client's); losses ``(len(ns), ns[0])`` and statistics."""
+        if not self.failed:
+            m = x.shape[1]
+            counts = torch.tensor(ns + [0] * (len(x) - len(ns)), device=self.dev)
+            active = torch.arange(m, device=self.dev) < counts[:, None]
+            try:
+                fn, head, ctx, opt = self._prepared(m)
+                value, stats = fn(*head, x, y, w, ctx, opt, active)
+                k, n = len(ns), ns[0]
+                return value[:k, :n].detach(), tree_map(lambda v: v[:k, :n].detach(), stats)
+            except Exception as e:  # noqa: BLE001 - compiling failed: say why, go on eagerly
+                first = str(e).splitlines()[0] if str(e) else ""
+                log_once(f"compiled trainer: torch.compile failed ({type(e).__name__}: "
+                         f"{first}); training with eager steps")
+                self.failed = True
+        out = [self.fallback.one(n, x[i, :n], y[i, :n], w[i, :n], sizes[i, :n])
+               for i, n in enumerate(ns)]
+        pad = lambda v: torch.nn.functional.pad(  # noqa: E731 - to the first step's clients
+            v, (0, 0) * (v.dim() - 1) + (0, ns[0] - len(v)))
+        return (torch.stack([pad(o[0]) for o in out]),
+                tree_map(lambda *v: torch.stack([pad(t) for t in v]), *(o[1] for o in out)))
 
 
 class CompiledTrainer(VectorizedTrainer):

@@ -31,20 +31,21 @@ if TYPE_CHECKING:  # types only: the trainers import this module
 
 # seconds; FLOP rate in FLOP/s (one CPU thread)
 CPU = {
-    "plain": 2.6e-4,  # overhead of one client's plain step
+    "plain": 5e-4,  # overhead of one client's plain step
     "vmap": 1.5e-3,  # overhead of a vmap step, once
-    "vmap_client": 4.0e-5,  # ... and per client in it
-    "compiled": 1.0e-4,  # overhead of a compiled step, once
-    "compiled_client": 2.0e-5,  # ... and per client in it
-    "rate": 1.2e10,
-    "compile": 12.0,  # one compile (one stack size)
+    "vmap_client": 1e-4,  # ... and per client in it
+    "compiled": 4e-4,  # overhead of one call of a compiled graph (COMPILED_STEPS steps)
+    "compiled_client": 5e-5,  # ... and per client and step in it
+    "rate": 4e10,
+    "compile": 40.0,  # one compile (one stack size)
     "fork": 0.3,  # starting one worker process (once a run)
     "message": 2e-3,  # a round's messages to and from workers, per client
 }
 # on a GPU the arithmetic of these models is nearly free and every launch costs: vmap pays
 # (estimates until measured on a GPU: benchmarks/gpu.sh)
 CUDA = {"plain": 6e-4, "vmap": 1.2e-3, "vmap_client": 2e-6, "compiled": 2e-4,
-        "compiled_client": 1e-6, "rate": 5e12, "compile": 30.0, "fork": 0.3, "message": 2e-3}
+        "compiled_client": 1e-6, "rate": 5e12, "compile": 60.0, "fork": 0.3, "message": 2e-3}
+COMPILED_STEPS = 8  # steps in one compiled graph (engine/compiled.py)
 
 
 @dataclass(frozen=True)
@@ -135,8 +136,10 @@ def vmap_step(work: Work, n: int) -> float:
 
 
 def compiled_step(work: Work, m: int) -> float:
+    """One step of ``m`` clients in a compiled graph (its call's overhead shared by the
+    graph's ``COMPILED_STEPS`` steps)."""
     c = work.constants()
-    return c["compiled"] + m * (c["compiled_client"] + work.arithmetic())
+    return c["compiled"] / COMPILED_STEPS + m * (c["compiled_client"] + work.arithmetic())
 
 
 def solo_max(work: Work) -> int:

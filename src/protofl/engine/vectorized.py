@@ -218,12 +218,14 @@ def vmapped(alg: Algorithm, setup: LocalSetup, in_dims: tuple):
                 in_dims=in_dims)
 
 
-Step = Any  # (n, x, y, w, sizes) -> (losses (n,), statistics tree of (n, ...)); see EagerStep
+Step = Any  # (ns, x, y, w, sizes) -> (losses (k, n), statistics (k, n, ...)); see EagerStep
 
 
 class EagerStep:
     """A step of the stack's first ``n`` clients: one vmap over them, or, where the cost model
     prefers it (``solo_max``), the plain step client by client."""
+
+    steps = 1  # steps per call
 
     def __init__(self, stack: Stack, solo_max: int):
         self.stack, self.solo_max = stack, solo_max
@@ -231,11 +233,18 @@ class EagerStep:
         self.clients: dict[int, tuple] = {}  # client i's views of the stack, for plain steps
 
     def width(self, n: int) -> int:
-        """How many clients' rows the step takes when ``n`` have a step."""
+        """How many clients' rows the step takes when ``n`` have its first step."""
         return n
 
-    def __call__(self, n: int, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+    def __call__(self, ns: list[int], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
                  sizes: torch.Tensor) -> tuple[torch.Tensor, Tensors]:
+        """One step of the first ``ns[0]`` clients (inputs ``(1, n, b, ...)``); the losses
+        ``(1, n)`` and statistics ``(1, n, ...)``."""
+        value, stats = self.one(ns[0], x[0], y[0], w[0], sizes[0])
+        return value[None], tree_map(lambda v: v[None], stats)
+
+    def one(self, n: int, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+            sizes: torch.Tensor) -> tuple[torch.Tensor, Tensors]:
         s = self.stack
         if n <= self.solo_max:
             out = [self.solo(i, x[i, :b], y[i, :b], w[i, :b])
@@ -269,15 +278,16 @@ class EagerStep:
 
 class Rows:
     """The chunk's batches: the global row of every (client, step, slot), each batch's true
-    size, and the rows of a window of steps gathered (and converted) at once."""
+    size, and the rows of a window of steps (a multiple of ``steps``) gathered (and
+    converted) at once."""
 
-    def __init__(self, rc: RoundContext, works: list[ClientWork]):
+    def __init__(self, rc: RoundContext, works: list[ClientWork], steps: int = 1):
         self.data, self.dev = rc.data, rc.setup.device
         offsets = [int(rc.data.train_offsets[w.job.client]) for w in works]
-        steps = len(works[0].batches)
+        total = -(-len(works[0].batches) // steps) * steps  # whole windows of ``steps``
         bmax = max(len(b) for w in works for b in w.batches)
-        rows = torch.empty(len(works), steps, bmax, dtype=torch.long)
-        sizes = torch.zeros(len(works), steps, dtype=torch.long)
+        rows = torch.empty(len(works), total, bmax, dtype=torch.long)
+        sizes = torch.zeros(len(works), total, dtype=torch.long)
         for i, (w, off) in enumerate(zip(works, offsets)):
             rows[i] = off  # missing steps point at the client's first row (weight 0)
             if all(len(idx) == bmax for idx in w.batches):  # the common case: full batches
@@ -288,69 +298,78 @@ class Rows:
                 rows[i, t, :len(idx)] = idx + off
                 rows[i, t, len(idx):] = idx[0] + off  # padding repeats a real row
                 sizes[i, t] = len(idx)
-        self.rows, self.sizes = rows, sizes
+        self.rows, self.sizes, self.steps = rows, sizes, steps
         row_bytes = max(1, rc.data.x_train[:1].numel() * 4)
-        self.window = max(1, min(WINDOW_STEPS, WINDOW_BYTES // (row_bytes * bmax * len(works))))
+        fit = WINDOW_BYTES // (row_bytes * bmax * len(works))
+        self.window = max(1, min(WINDOW_STEPS, fit) // steps) * steps
         self.start, self.x, self.y = 0, None, None
         # real rows weigh 1; (steps, clients, b), so a step's weights are contiguous (a
         # compiled step's graph is specialised to its inputs' strides)
-        self.w = torch.empty(steps, len(works), bmax, dtype=torch.bool)
+        self.w = torch.empty(total, len(works), bmax, dtype=torch.bool)
         torch.lt(torch.arange(bmax), sizes.T[..., None], out=self.w)
         self.w = self.w.to(self.dev)
 
-    def batch(self, t: int, m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Step ``t``'s rows of the first ``m`` clients (gathered: new tensors, which the
-        transforms may write into)."""
+    def batch(self, t: int, k: int, m: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Steps ``t .. t + k - 1``'s rows of the first ``m`` clients, ``(k, m, b, ...)``
+        (gathered: new tensors, which the transforms may write into); ``k`` is padded to
+        ``steps`` with steps that no client has."""
+        k = self.steps if self.steps > 1 else k
         if self.x is None or not self.start <= t < self.start + self.window:
             r = self.rows[:m, t:t + self.window].transpose(0, 1)  # (window, m, b)
             self.x = self.data.inputs(devices.upload(self.data.x_train[r], self.dev))
             self.y = devices.upload(self.data.y_train[r], self.dev)
             self.start = t
-        x, y = self.x[t - self.start, :m], self.y[t - self.start, :m]
-        return x, y, self.w[t, :m].to(x.dtype)
+        i = t - self.start
+        x, y = self.x[i:i + k, :m], self.y[i:i + k, :m]
+        return x, y, self.w[t:t + k, :m].to(x.dtype)
 
 
 def add_stats(totals: list[torch.Tensor] | None, stats: list[torch.Tensor],
               count: torch.Tensor, size: int) -> list[torch.Tensor]:
-    """Add the stacked statistics of the first ``len(count)`` clients, each weighted 0 or 1
-    (``count``: whether the step is in the client's last pass), to per-client totals (``size``
-    clients; float64 where the device has it)."""
+    """Add the statistics of a window of steps (leaves ``(steps, n, ...)``), each weighted by
+    ``count`` ``(steps, n)`` (0 or 1: whether the client has the step and it is in its last
+    pass), to per-client totals (``size`` clients; float64 where the device has it)."""
     if totals is None:
-        totals = [torch.zeros(size, *v.shape[1:], dtype=devices.wide(v.device), device=v.device)
+        totals = [torch.zeros(size, *v.shape[2:], dtype=devices.wide(v.device), device=v.device)
                   for v in stats]
-    n = len(count)
+    n = count.shape[1]
     for total, v in zip(totals, stats):
-        c = count.reshape(-1, *([1] * (v.dim() - 1)))
-        total[:n] += c * v.to(total.dtype)
+        c = count.reshape(*count.shape, *([1] * (v.dim() - 2)))
+        total[:n] += (c * v.to(total.dtype)).sum(0)
     return totals
 
 
 def train_chunk(rc: RoundContext, works: list[ClientWork], stack: Stack, step: Step
                 ) -> tuple[list[Tensors], list[Tensors], list[float], list[Tensors | None]]:
-    """Train the clients of ``works`` (sorted by steps, most first) together with ``step``.
-    Returns weights, buffers, mean losses and last-pass statistics per client."""
+    """Train the clients of ``works`` (sorted by steps, most first) together with ``step``,
+    ``step.steps`` steps at a time. Returns weights, buffers, mean losses and last-pass
+    statistics per client."""
     dev = rc.setup.device
     n_steps = [len(w.batches) for w in works]
-    rows = Rows(rc, works)
+    rows = Rows(rc, works, step.steps)
     losses = torch.zeros(len(works), dtype=devices.wide(dev), device=dev)
     stats_from = torch.tensor([w.stats_from for w in works], device=dev)
     totals, stats_spec = None, None
     rc.alg.model.train()
-    n = len(works)
-    for t in range(n_steps[0]):
-        while n_steps[n - 1] <= t:  # clients with a step t: a prefix (most steps first)
-            n -= 1
-        x, y, w = rows.batch(t, step.width(n))
-        sizes = rows.sizes[:n, t]
+    for t in range(0, n_steps[0], step.steps):
+        k = min(step.steps, n_steps[0] - t)
+        ns = [sum(1 for m in n_steps if m > t + i) for i in range(k)]  # a prefix each
+        x, y, w = rows.batch(t, k, step.width(ns[0]))
+        sizes = rows.sizes[:ns[0], t:t + k].T
         if works[0].transform is not None:  # the same transforms for every client
-            for i, b in enumerate(sizes.tolist()):
-                x[i, :b], y[i, :b] = transformed(rc.alg, works[i], x[i, :b], y[i, :b])
-        value, stats = step(n, x, y, w, sizes)
+            for i, n in enumerate(ns):
+                for j, b in enumerate(sizes[i, :n].tolist()):
+                    x[i, j, :b], y[i, j, :b] = transformed(rc.alg, works[j], x[i, j, :b],
+                                                           y[i, j, :b])
+        value, stats = step(ns, x, y, w, sizes)  # (k, ns[0]): the clients with a step t
+        steps = torch.arange(t, t + k, device=dev)[:, None]
+        act = (torch.arange(ns[0], device=dev) < torch.tensor(ns, device=dev)[:, None]
+               ).to(losses.dtype)
         leaves, stats_spec = tree_flatten(stats)
         if leaves:
-            totals = add_stats(totals, leaves, (stats_from[:n] <= t).to(losses.dtype),
-                               len(works))
-        losses[:n] += value
+            totals = add_stats(totals, leaves, act * (stats_from[:ns[0]] <= steps), len(works))
+        losses[:ns[0]] += (act * value).sum(0)
     per_client = losses.tolist()
     out_s = [None if totals is None else tree_unflatten([v[i] for v in totals], stats_spec)
              for i in range(len(works))]

@@ -1,0 +1,172 @@
+"""Heavy-tailed rounds: the FedProx Synthetic protocol (``configs/synthetic_fedprox.yaml``:
+Synthetic(1,1), 30 clients of lognormal sizes, 10 a round drawn in proportion to size, half of
+them stragglers with partial work tolerated, E = 20 epochs of batch 10, the 60-128-256-10 MLP)
+on the seed-3 partition (``data.seed = 3``: one client holds 37,867 of its samples), as
+fedmargin runs it.
+
+    python benchmarks/heavy_tail.py             # 3 rounds at E = 20
+    python benchmarks/heavy_tail.py --quick     # 3 rounds at E = 2
+    python benchmarks/speed.py --workloads heavy-tail   # the same, from speed.py
+
+Every variant trains the same rounds: the clients and epochs that protofl's schedule draws
+(seeds, sampling, stragglers), on the same rows, from the same initial weights.
+
+- ``auto``: fedmargin as a run trains it (``trainer: auto``: each round the trainer the cost
+  model finds cheapest), a whole round each (``Experiment.step``: sampling, local training,
+  fedmargin's prototypes and aggregation, evaluation);
+- ``sequential``: the same with ``trainer: sequential`` (protofl's reference path);
+- ``loop``: a plain PyTorch loop as research code writes it: per active client a deepcopy of
+  the global model, ``torch.optim.SGD``, a shuffled pass of batches per epoch, then a
+  size-weighted average (FedAvg's: without fedmargin's prototypes and margins, which only
+  add to its time);
+- ``floor``: the same clients' steps by a hand-fused step without autograd (the MLP's
+  forward, backward and SGD update written out in tensor operations, one client after
+  another): the per-step floor of one CPU thread without a compiler.
+
+Lines ``[heavy-tail] vs OTHER: protofl X s/round, other Y s/round, ratio Z``: Z is OTHER's
+time over protofl's (``auto``), so Z > 1 means protofl is faster. Each variant runs in this
+one process, one round of each in turn (load changes hit them alike), on one torch thread;
+``auto`` may add the parallel trainer's worker processes (one per core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from protofl.config import apply_set, config_from_dict, load_raw
+from protofl.engine.experiment import Experiment
+from protofl.engine.schedule import assign_work, sample_clients
+from protofl.seeding import SAMPLE, STRAGGLE, np_rng
+
+CONFIG = "configs/synthetic_fedprox.yaml"
+VARIANTS = ("auto", "sequential", "loop", "floor")
+
+
+def config(epochs: int, rounds: int, trainer: str, workers: int | None):
+    raw = load_raw(CONFIG)
+    for s in ("data.seed=3", f"clients.local_epochs={epochs}", f"rounds={rounds}",
+              f"trainer={trainer}", "threads=1", "checkpoint_every=0",
+              f"eval_every={rounds}"):
+        apply_set(raw, s)
+    if workers:
+        apply_set(raw, f"workers={workers}")
+    return config_from_dict(raw)
+
+
+def protofl_rounds(epochs: int, rounds: int, trainer: str, workers: int | None):
+    exp = Experiment(config(epochs, rounds, trainer, workers), callbacks=[])
+    try:
+        for _ in range(rounds):
+            start = time.perf_counter()
+            torch.set_num_threads(1)
+            exp.step()
+            yield time.perf_counter() - start
+    finally:
+        exp.close()
+
+
+def schedule(exp: Experiment, t: int):
+    """Round ``t``'s jobs as protofl's schedule draws them (the run's seeds)."""
+    cfg, c, data = exp.cfg, exp.cfg.clients, exp.train_data
+    active = sample_clients(data.train_sizes, c.per_round, c.sampling,
+                            np_rng(cfg.seed, SAMPLE, t))
+    return assign_work(active, c.local_epochs, c.stragglers, c.tolerate_partial,
+                       np_rng(cfg.seed, STRAGGLE, t))
+
+
+def plain_rounds(epochs: int, rounds: int, fused: bool):
+    """The loop (``fused``: the floor) over the rounds protofl's schedule draws."""
+    exp = Experiment(config(epochs, rounds, "sequential", None), callbacks=[])
+    model, lr, batch = exp.alg.model, exp.cfg.clients.lr, exp.cfg.clients.batch_size
+    gen = torch.Generator().manual_seed(0)
+    for t in range(1, rounds + 1):
+        start = time.perf_counter()
+        torch.set_num_threads(1)
+        states, sizes = [], []
+        for job in schedule(exp, t):
+            x, y = exp.train_data.client_train(job.client)
+            local = copy.deepcopy(model)
+            (fused_train if fused else loop_train)(local, x, y, job.units, batch, lr, gen)
+            states.append(local.state_dict())
+            sizes.append(len(y))
+        total = sum(sizes)
+        model.load_state_dict({k: sum(n * s[k] for n, s in zip(sizes, states)) / total
+                               for k in states[0]})
+        yield time.perf_counter() - start
+
+
+def loop_train(model, x, y, epochs, batch, lr, gen) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(epochs):
+        for idx in torch.randperm(len(y), generator=gen).split(batch):
+            opt.zero_grad()
+            _, logits = model(x[idx])
+            F.cross_entropy(logits, y[idx]).backward()
+            opt.step()
+
+
+@torch.no_grad()
+def fused_train(model, x, y, epochs, batch, lr, gen) -> None:
+    """SGD on the MLP's linear layers with ReLU between them, gradients written out."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    ws = [m.weight for m in layers]
+    bs = [m.bias for m in layers]
+    for _ in range(epochs):
+        for idx in torch.randperm(len(y), generator=gen).split(batch):
+            acts = [x[idx]]
+            for i, (w, b) in enumerate(zip(ws, bs)):
+                h = torch.addmm(b, acts[-1], w.T)
+                acts.append(h.relu_() if i < len(ws) - 1 else h)
+            g = acts[-1].softmax(1)
+            g[torch.arange(len(idx)), y[idx]] -= 1
+            g /= len(idx)
+            for i in range(len(ws) - 1, -1, -1):
+                gw, gb = g.T @ acts[i], g.sum(0)
+                if i:
+                    g = (g @ ws[i]).mul_(acts[i] > 0)
+                ws[i].sub_(gw, alpha=lr)
+                bs[i].sub_(gb, alpha=lr)
+
+
+def measure(epochs: int, rounds: int, workers: int | None) -> dict[str, list[float]]:
+    runs = {"auto": protofl_rounds(epochs, rounds, "auto", workers),
+            "sequential": protofl_rounds(epochs, rounds, "sequential", None),
+            "loop": plain_rounds(epochs, rounds, fused=False),
+            "floor": plain_rounds(epochs, rounds, fused=True)}
+    times: dict[str, list[float]] = {v: [] for v in runs}
+    for _ in range(rounds):
+        for v, it in runs.items():
+            times[v].append(next(it))
+            print(f"[heavy-tail] {v} round {len(times[v])}: {times[v][-1]:.2f} s", flush=True)
+    return times
+
+
+def report(times: dict[str, list[float]]) -> None:
+    ours = statistics.mean(times["auto"])
+    for other in VARIANTS[1:]:
+        theirs = statistics.mean(times[other])
+        print(f"[heavy-tail] vs {other}: protofl {ours:.2f} s/round, other {theirs:.2f} "
+              f"s/round, ratio {theirs / ours:.2f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="E = 2 instead of 20")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--workers", type=int, default=None, help="auto's workers (default: "
+                   "every usable core)")
+    a = p.parse_args()
+    np.seterr(all="ignore")
+    report(measure(2 if a.quick else 20, a.rounds, a.workers))
+
+
+if __name__ == "__main__":
+    main()
