@@ -21,6 +21,10 @@ class Comparison:
     method: str  # run label (a variant) whose curve should lie above ...
     baseline: str  # ... this one's
     differs: str  # the paper's components that differ between the two
+    # a deciding comparison forms the claim's verdict (the seed's method against a baseline
+    # the claim names); the others isolate components and explain it
+    # (protofl.report.claims.claim_verdict)
+    decides: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,8 @@ FIRST_VARIANTS = {
     "fedmargin-fedavg-weights": {"algorithm": "fedmargin", "algo": {"weights": "fedavg"}},
 }
 FIRST_COMPARISONS = (
-    Comparison("fedmargin", "fedavg", "sampling ∝ size, partial work, weighting"),
+    Comparison("fedmargin", "fedavg", "sampling ∝ size, partial work, weighting",
+               decides=True),
     Comparison("fedmargin", "fedavg-size-sampled", "partial work, weighting"),
     Comparison("fedmargin-uniform", "fedavg", "partial work, weighting"),
     Comparison("fedmargin", "fedmargin-fedavg-weights", "weighting"),
@@ -95,7 +100,8 @@ SECOND_VARIANTS = {
     "fedproin-no-nia": {"algorithm": "fedproin", "algo": {"nia": False}},
 }
 SECOND_COMPARISONS = (
-    *(Comparison("fedproin", b, "the whole method (learnable prototypes, FDL, PCL, NIA)")
+    *(Comparison("fedproin", b, "the whole method (learnable prototypes, FDL, PCL, NIA)",
+                 decides=True)
       for b in ("fedavg", "fedprox", "moon", "fedproto", "fedtgp", "fedplvm")),
     Comparison("fedproin", "fedproin-no-fdl", "feature divergence loss"),
     Comparison("fedproin", "fedproin-no-pcl", "prototype contrastive loss"),
