@@ -7,7 +7,20 @@ import math
 import pytest
 
 from protofl.errors import ProtoflError
-from protofl.report.claims import curve, curves, paired, readings, side, t_interval, verdict
+from protofl.report.claims import (
+    DRIFT,
+    claim_verdict,
+    curve,
+    curves,
+    deciding_bound,
+    fragile,
+    paired,
+    readings,
+    side,
+    t_interval,
+    verdict,
+    verdict_text,
+)
 
 
 def test_readings_last_tenth_and_area():
@@ -79,3 +92,93 @@ def test_paired_by_seed_and_partition(tmp_path):
     _run(tmp_path / "m" / "seed7", 7, [0.4] * 5, data_seed=1)  # another partition: unpaired
     assert paired(curves(tmp_path / "m", "accuracy"),
                   curves(tmp_path / "b", "accuracy"))["n"] == 4
+
+
+# ---------------------------------------------------------------- fragile, and a claim's verdict
+def _res(verdict_word, last, area, n=5):
+    return {"verdict": verdict_word, "n": n,
+            "intervals": {"last": _iv(*last, n), "area": _iv(*area, n)}}
+
+
+def test_drift_is_the_measured_cross_machine_drift():
+    assert DRIFT == 0.0003
+
+
+def test_a_deciding_bound_within_the_drift_is_fragile():
+    # today's digits row: fedmargin − fedmargin-no-toleration, area [+0.00024, +0.042]
+    res = _res("reproduced", (0.029, 0.104), (0.00024, 0.042))
+    assert deciding_bound(res) == ("area", "lower", 0.00024) and fragile(res)
+    assert verdict_text(res) == (
+        "**fragile** (reproduced by the rule, but the area lower bound +0.00024 lies within "
+        "the cross-machine drift ±0.0003)")
+    assert fragile(_res("reproduced", (0.0003, 0.1), (0.01, 0.2)))  # at the drift: fragile
+    settled = _res("reproduced", (0.00031, 0.1), (0.01, 0.2))
+    assert not fragile(settled) and verdict_text(settled) == "**reproduced**"
+    # not reproduced: the upper bounds decide; the one nearest 0 counts
+    assert deciding_bound(_res("not reproduced", (-0.2, -0.0001), (-0.3, -0.1))) == (
+        "last", "upper", -0.0001)
+    assert fragile(_res("not reproduced", (-0.2, -0.0001), (-0.3, -0.1)))
+    assert fragile(_res("not reproduced", (-0.2, 0.0), (-0.3, -0.1)))  # hi = 0: below, fragile
+    assert not fragile(_res("not reproduced", (-0.2, -0.001), (-0.3, -0.1)))
+    # an inconclusive comparison is never settled, so never "fragile"
+    assert deciding_bound(_res("inconclusive", (0.0001, 0.1), (-0.1, 0.1))) is None
+    assert not fragile(_res("inconclusive", (0.0001, 0.1), (-0.1, 0.1)))
+
+
+def test_claim_verdict_is_formed_by_the_deciding_comparisons():
+    yes = _res("reproduced", (0.01, 0.1), (0.02, 0.1))
+    shaky = _res("reproduced", (0.0001, 0.1), (0.02, 0.1))
+    no = _res("not reproduced", (-0.1, -0.01), (-0.1, -0.02))
+    no_shaky = _res("not reproduced", (-0.1, -0.0002), (-0.1, -0.02))
+    maybe = _res("inconclusive", (-0.1, 0.1), (0.01, 0.1))
+    assert claim_verdict([yes]) == {"verdict": "reproduced", "fragile": False}
+    assert claim_verdict([yes, shaky]) == {"verdict": "reproduced", "fragile": True}
+    assert claim_verdict([yes, maybe]) == {"verdict": "inconclusive", "fragile": False}
+    assert claim_verdict([yes, None]) == {"verdict": "inconclusive", "fragile": False}
+    assert claim_verdict([]) == {"verdict": "inconclusive", "fragile": False}
+    # one settled counter-example refutes "on every dataset / configuration / baseline"
+    assert claim_verdict([yes, maybe, no]) == {"verdict": "not reproduced", "fragile": False}
+    assert claim_verdict([yes, None, no_shaky]) == {"verdict": "not reproduced",
+                                                    "fragile": True}
+    assert claim_verdict([no, no_shaky]) == {"verdict": "not reproduced", "fragile": False}
+
+
+def _record(diffs: dict[str, list[float]]) -> dict:
+    """A digits record: per variant, one evaluated round a seed at 0.5 + its offset."""
+    runs = {v: {(s, s): [0.5 + d] for s, d in enumerate(ds)} for v, ds in diffs.items()}
+    return {"budget": "paper", "status": "run", "seeds": [0, 1, 2, 3, 4],
+            "splits": ["default"], "overrides": {}, "runs": {"default": runs}, "amm": {}}
+
+
+def test_tables_give_the_claims_verdict_and_mark_the_fragile(tmp_path):
+    from protofl.reproduce.claims import CLAIMS
+    from protofl.reproduce.tables import claim_result, tables_markdown
+
+    # fedmargin − fedavg per seed d = 0, .001, .002, .003, .004 (one round: last = area):
+    # mean 0.002, sd = sqrt(10e-6 / 4) = 0.0015811, half = 2.776445 * 0.0015811 / sqrt(5)
+    # = 0.0019632, so lo = +0.0000368: reproduced, within the drift: fragile
+    zero = [0.0] * 5
+    rec = _record({"fedavg": zero, "fedmargin": [0.0, 0.001, 0.002, 0.003, 0.004],
+                   "fedmargin-uniform": [-0.1, -0.11, -0.12, -0.13, -0.14]})
+    res = paired(rec["runs"]["default"]["fedmargin"], rec["runs"]["default"]["fedavg"])
+    assert res["intervals"]["area"]["lo"] == pytest.approx(0.0000368, abs=1e-7)
+    assert claim_result(CLAIMS["digits"], rec) == {"verdict": "reproduced", "fragile": True}
+    text = tables_markdown({"digits": rec}, only=["digits"])
+    assert ("| **digits** | paper | **fragile** (reproduced by the claim rule, resting on a "
+            "fragile comparison) | fedmargin − fedavg |") in text
+    head = next(ln for ln in text.splitlines() if "fedmargin − fedavg (sampling" in ln)
+    assert "; decides the claim)" in head and "lower bound +0.00004 lies within" in head
+    assert "to move its bound clear of the drift" in head
+    # an isolating comparison that is not reproduced explains; it does not decide
+    iso = next(ln for ln in text.splitlines() if "fedmargin-uniform − fedavg" in ln)
+    assert "**not reproduced**" in iso and "decides" not in iso
+    # the headline clear of the drift: the claim is settled as reproduced
+    rec = _record({"fedavg": zero, "fedmargin": [0.01, 0.011, 0.012, 0.013, 0.014],
+                   "fedmargin-uniform": [-0.1, -0.11, -0.12, -0.13, -0.14]})
+    assert claim_result(CLAIMS["digits"], rec) == {"verdict": "reproduced", "fragile": False}
+    assert "| **digits** | paper | **reproduced** | fedmargin − fedavg |" in tables_markdown(
+        {"digits": rec}, only=["digits"])
+    # a claim over splits: one split not run leaves it inconclusive
+    shapes = {**rec, "splits": ["a0.1"], "runs": {"a0.1": rec["runs"]["default"]}}
+    assert claim_result(CLAIMS["shapes"], shapes)["verdict"] == "inconclusive"
+    assert claim_result(CLAIMS["shapes"], {"status": "not run here: x"}) is None

@@ -207,7 +207,7 @@ def test_evidence_files_regenerate_the_tables_and_take_more_seeds(tmp_path, caps
     _digits(new, range(2, 5))
     text = reproduction_markdown([ev, new])
     # per seed: last +0.10 + 0.01 s, area half that; n = 5 -> both intervals above 0
-    row = next(line for line in text.splitlines() if line.startswith("| **digits**"))
+    row = next(line for line in text.splitlines() if line.startswith("| **digits**:"))
     assert "last 10%: +0.120" in row and "area: +0.060" in row and "n = 5" in row
     assert "**reproduced**" in row and "seeds 0, 1, 2, 3, 4" in row
     # the command that reruns it (seeds 0-4: the paper budget's, so no --seeds)

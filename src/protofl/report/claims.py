@@ -12,6 +12,21 @@ For each reading the mean difference and its 95% t-interval (Student's t, n − 
 freedom) are taken. Verdict: **reproduced** when the interval lies above 0 on both readings;
 **not reproduced** when it lies at or below 0 on both; **inconclusive** otherwise (the
 intervals straddle 0, disagree, or fewer than ``MIN_SEEDS`` pairs exist).
+
+A decided comparison is **fragile** rather than settled when a bound that decides it (a
+lower bound of a reproduced one, an upper bound of a not-reproduced one) lies within
+``DRIFT`` of 0: a rerun of the same runs on another machine could turn its verdict.
+
+A **claim's** verdict (``claim_verdict``) is formed from its deciding comparisons alone: the
+headline comparison of the seed's method against the baseline the claim names (fedmargin −
+fedavg; for the second seed, fedproin − each of the six baselines it names), on every split
+the claim names. The isolating comparisons (variants that differ in one component) explain
+the verdict and never form it. The claim is **not reproduced** when a deciding comparison is
+not reproduced (the claims say "on every dataset", "every configuration", "every
+baseline": one settled counter-example refutes them), **reproduced** when every deciding
+comparison ran and is reproduced, **inconclusive** otherwise. It is **fragile** when that
+verdict rests on a fragile comparison: a reproduced claim with a fragile deciding
+comparison, a not-reproduced one whose not-reproduced deciding comparisons are all fragile.
 """
 
 from __future__ import annotations
@@ -29,6 +44,11 @@ MIN_SEEDS = 5
 TAIL = 0.10
 LEVEL = 0.95
 READINGS = ("last", "area")
+# How far a run's reading moves when the same config and seed run again on another machine
+# (issue 29: reruns of this evidence's runs on another machine moved a run's reading by up to
+# 0.0003; the same machine repeats it bit for bit). A deciding interval bound within it of 0
+# makes a comparison fragile.
+DRIFT = 0.0003
 
 
 def curve(rows: list[dict], metric: str) -> tuple[list[int], list[float]]:
@@ -78,6 +98,49 @@ def verdict(intervals: dict[str, dict[str, Any]], min_seeds: int = MIN_SEEDS) ->
     if sides == {"below"}:
         return "not reproduced"
     return "inconclusive"
+
+
+def deciding_bound(res: dict[str, Any]) -> tuple[str, str, float] | None:
+    """``(reading, "lower" or "upper", bound)`` nearest 0 among those that decide a decided
+    comparison (the lower bounds of a reproduced one, the upper bounds of a not-reproduced
+    one); None for an inconclusive one."""
+    ivs = res["intervals"]
+    if res["verdict"] == "reproduced":
+        reading = min(ivs, key=lambda r: ivs[r]["lo"])
+        return reading, "lower", ivs[reading]["lo"]
+    if res["verdict"] == "not reproduced":
+        reading = max(ivs, key=lambda r: ivs[r]["hi"])
+        return reading, "upper", ivs[reading]["hi"]
+    return None
+
+
+def fragile(res: dict[str, Any], drift: float = DRIFT) -> bool:
+    """A decided comparison whose deciding bound lies within ``drift`` of 0."""
+    bound = deciding_bound(res)
+    return bound is not None and abs(bound[2]) <= drift
+
+
+def claim_verdict(deciding: list[dict[str, Any] | None]) -> dict[str, Any]:
+    """A claim's verdict from the paired results of its deciding comparisons on every split
+    it names (None: one that did not run): ``{verdict, fragile}`` by the claim rule above."""
+    done = [r for r in deciding if r is not None]
+    against = [r for r in done if r["verdict"] == "not reproduced"]
+    if against:
+        return {"verdict": "not reproduced", "fragile": all(fragile(r) for r in against)}
+    if deciding and len(done) == len(deciding) and all(
+            r["verdict"] == "reproduced" for r in done):
+        return {"verdict": "reproduced", "fragile": any(fragile(r) for r in done)}
+    return {"verdict": "inconclusive", "fragile": False}
+
+
+def verdict_text(res: dict[str, Any]) -> str:
+    """The verdict cell: ``**reproduced**``, or ``**fragile** (...)`` naming the bound."""
+    if not fragile(res):
+        return f"**{res['verdict']}**"
+    reading, which, bound = deciding_bound(res)
+    word = "last 10%" if reading == "last" else reading
+    return (f"**fragile** ({res['verdict']} by the rule, but the {word} {which} bound "
+            f"{bound:+.5f} lies within the cross-machine drift ±{DRIFT})")
 
 
 Curves = dict[tuple[int, int], list[float]]  # (seed, data.seed) -> evaluated values

@@ -56,11 +56,45 @@ def from_folder(folder: Path) -> dict[str, Entry]:
     return out
 
 
-def _encode(entry: Entry) -> dict[str, Any]:
-    return {**entry, **{key: {
-        split: {v: [{"seed": s, "data_seed": d, "values": vals}
-                    for (s, d), vals in sorted(c.items())] for v, c in variants.items()}
-        for split, variants in entry.get(key, {}).items()} for key in CURVES}}
+# the order of an evidence file's keys, whatever order its sources held them in, so that
+# writing it again from the same runs gives the same bytes
+ORDER = ("overrides", "budget", "status", "seeds", "splits", *CURVES)
+
+
+def _first(keys, known: list[str]) -> list[str]:
+    """``keys`` in the order of ``known``, then the rest sorted."""
+    keys = list(keys)
+    return [k for k in known if k in keys] + sorted(k for k in keys if k not in known)
+
+
+def _sorted(value: Any) -> Any:
+    """Dicts (at any depth) with their keys sorted: ``--set`` overrides given in another
+    order are the same overrides."""
+    if isinstance(value, dict):
+        return {k: _sorted(value[k]) for k in sorted(value, key=str)}
+    return value
+
+
+def _encode(name: str, entry: Entry) -> dict[str, Any]:
+    """The evidence file of one claim, in a canonical order: the keys in ``ORDER``
+    (others sorted after), the overrides sorted, splits and variants in the claim's order
+    (others sorted after), runs by (seed, data.seed)."""
+    claim = CLAIMS.get(name)
+    splits, variants = (list(claim.splits), list(claim.variants)) if claim else ([], [])
+    doc: dict[str, Any] = {"format": FORMAT, "claim": name}
+    for key in _first(entry, list(ORDER)):
+        value = entry[key]
+        if key in CURVES:
+            value = {split: {v: [{"seed": s, "data_seed": d, "values": vals}
+                                 for (s, d), vals in sorted(value[split][v].items())]
+                             for v in _first(value[split], variants)}
+                     for split in _first(value, splits)}
+        elif key == "overrides":
+            value = _sorted(value or {})
+        doc[key] = value
+    for key in CURVES:
+        doc.setdefault(key, {})
+    return doc
 
 
 def _decode(doc: dict[str, Any], path: Path) -> Entry:
@@ -86,7 +120,7 @@ def write(entries: dict[str, Entry], folder: Path) -> list[Path]:
     paths = []
     for name, entry in entries.items():
         path = folder / f"{name}.json"
-        doc = {"format": FORMAT, "claim": name, **_encode(entry)}
+        doc = _encode(name, entry)
         outputs.write_text(path, json.dumps(doc, indent=None, separators=(",", ":")) + "\n")
         paths.append(path)
     return paths

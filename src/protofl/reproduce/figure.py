@@ -1,5 +1,7 @@
 """The claims at a glance: every paired comparison's mean difference and 95% interval at
-the paper budget, on both readings, one row each (a forest plot), coloured by its verdict."""
+the paper budget, on both readings, one row each (a forest plot), coloured by its verdict
+(orange: fragile, a decided verdict whose deciding bound lies within the cross-machine
+drift)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,12 @@ import math
 from pathlib import Path
 
 from protofl.report.canvas import subplots
+from protofl.report.claims import fragile
 from protofl.reproduce.claims import CLAIMS
 from protofl.reproduce.tables import results
 
 COLOURS = {"reproduced": "tab:green", "not reproduced": "tab:red",
-           "inconclusive": "tab:gray"}
+           "inconclusive": "tab:gray", "fragile": "tab:orange"}
 
 
 def forest(records: dict[str, dict], path: Path) -> Path | None:
@@ -32,7 +35,7 @@ def forest(records: dict[str, dict], path: Path) -> Path | None:
                                            ("area", "area (mean over rounds)"))):
         for y, (_, res) in zip(ys, rows):
             iv = res["intervals"][reading]
-            colour = COLOURS[res["verdict"]]
+            colour = COLOURS["fragile" if fragile(res) else res["verdict"]]
             ax.plot([iv["lo"], iv["hi"]], [y, y], color=colour, lw=2)
             ax.plot([iv["mean"]], [y], "o", color=colour, ms=4)
         ax.axvline(0, color="black", lw=0.8)

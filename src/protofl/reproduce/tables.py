@@ -8,7 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from protofl.errors import ProtoflError
-from protofl.report.claims import MIN_SEEDS, paired, result_text
+from protofl.report.claims import (
+    DRIFT,
+    MIN_SEEDS,
+    claim_verdict,
+    fragile,
+    paired,
+    result_text,
+    verdict_text,
+)
 from protofl.reproduce import evidence
 from protofl.reproduce.amm import AMM_HEADER, amm_rows
 from protofl.reproduce.claims import CLAIMS, Claim, Comparison
@@ -27,6 +35,9 @@ def change_text(claim: Claim, entry: dict, res: dict[str, Any] | None, first: bo
         notes.append(f"the short budget is a smoke test: `{claim.command('paper')}`")
     if res is not None and res["verdict"] == "inconclusive" and res["n"] >= MIN_SEEDS:
         notes.append("more seeds (`--seeds`) to narrow the interval")
+    if res is not None and "intervals" in res and fragile(res):
+        notes.append(f"more seeds (`--seeds`) to move its bound clear of the drift (±{DRIFT}); "
+                     "until then a rerun on another machine could turn it")
     if res is not None and res["n"] < MIN_SEEDS:
         why = f" (here: {claim.cost})" if first and claim.cost and entry["budget"] == "paper" \
             else ""
@@ -50,6 +61,55 @@ HEADER = ["| claim | protocol | budget run here: seeds, the command that reruns 
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def deciding_text(claim: Claim) -> str:
+    """The comparisons that form the claim's verdict, in words."""
+    pairs = [c for c in claim.comparisons if c.decides]
+    methods = list(dict.fromkeys(c.method for c in pairs))
+    text = "; ".join(f"{m} − {', '.join(c.baseline for c in pairs if c.method == m)}"
+                     for m in methods)
+    if len(pairs) > 1:
+        text += " (each)"
+    if list(claim.splits) != ["default"]:
+        text += f", on {', '.join(claim.splits)}"
+    return text
+
+
+def claim_result(claim: Claim, entry: dict | None) -> dict[str, Any] | None:
+    """The claim's verdict by the claim rule (``claim_verdict``) over its deciding
+    comparisons on every split it names (one not run counts as not run); None when the
+    claim did not run."""
+    if entry is None or entry["status"] != "run":
+        return None
+    ran = entry.get("splits") or claim.splits
+    deciding: list[dict[str, Any] | None] = []
+    for split in claim.splits:
+        runs = entry["runs"].get(split, {}) if split in ran else None
+        for c in claim.comparisons:
+            if c.decides:
+                res = None if runs is None else paired(runs.get(c.method, {}),
+                                                       runs.get(c.baseline, {}))
+                deciding.append(res if res and res["n"] else None)
+    return claim_verdict(deciding)
+
+
+CLAIM_HEADER = ["| claim | budget run here | the claim's verdict (the claim rule) | "
+                "decided by (the other comparisons explain it) |", "|---|---|---|---|"]
+
+
+def claim_summary_row(claim: Claim, entry: dict | None) -> str:
+    cv = claim_result(claim, entry)
+    if cv is None:
+        state = entry["status"].split(":", 1)[0] if entry else "not run yet"
+        budget, word = "none", state
+    else:
+        budget = entry["budget"]
+        word = (f"**fragile** ({cv['verdict']} by the claim rule, resting on a fragile "
+                "comparison)" if cv["fragile"] else f"**{cv['verdict']}**")
+        if entry["budget"] != "paper":
+            word += " (a smoke test, never evidence)"
+    return f"| **{claim.name}** | {budget} | {word} | {_cell(deciding_text(claim))} |"
 
 
 def results(claim: Claim, entry: dict) -> Iterator[tuple[str, Comparison, dict[str, Any]]]:
@@ -84,13 +144,14 @@ def claim_rows(claim: Claim, entry: dict | None) -> list[str]:
         where = "" if split == "default" else f"{split}: "
         lead = ["", "", ""] if rows else [_cell(head), _cell(protocol), budget]
         if res["n"]:
-            result, word = result_text(res), f"**{res['verdict']}**"
+            result, word = result_text(res), verdict_text(res)
             change = change_text(claim, entry, res, first=not rows)
         else:  # the suite was stopped before these variants ran
             result, word = "no paired runs yet", "not run yet"
             change = f"run `{claim.command(entry['budget'])}` to the end"
+        role = "; decides the claim" if c.decides else ""
         rows.append(f"| {' | '.join(lead)} | {where}{c.method} − {c.baseline} "
-                    f"({c.differs}) | {result} | {word} | {_cell(change)} |")
+                    f"({c.differs}{role}) | {result} | {_cell(word)} | {_cell(change)} |")
     return rows
 
 
@@ -109,7 +170,8 @@ def tables_markdown(records: dict[str, dict], only: list[str] | None = None) -> 
                   and (only is None or c.name in only)]
         if not claims:
             continue
-        lines += [f"### {title}", "", *HEADER]
+        lines += [f"### {title}", "", *CLAIM_HEADER,
+                  *(claim_summary_row(c, records.get(c.name)) for c in claims), "", *HEADER]
         for claim in claims:
             lines += claim_rows(claim, records.get(claim.name))
         lines.append("")

@@ -1,0 +1,70 @@
+"""Regenerating the evidence changes nothing: docs/reproduction/<claim>.json written again
+from the same runs, whichever sources they are read from, gives the same bytes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fakeruns import make_run
+
+from protofl.cli import main
+from protofl.reproduce import write_record
+from protofl.reproduce.evidence import merge, write
+
+VARIANTS = ("fedmargin", "fedavg", "fedavg-size-sampled")
+
+
+def _suite(out: Path, overrides: dict, seeds=range(3)) -> Path:
+    """A reproduce folder of the digits claim (fake runs) recorded with ``overrides``."""
+    for v in VARIANTS:
+        for s in seeds:
+            make_run(out / "digits" / "default" / v / f"seed{s}", "fedavg", seed=s, rounds=6,
+                     raw={"data": {"seed": s}}, accuracy=0.6 if v == "fedmargin" else 0.5)
+    write_record(out, {"digits": {"budget": "paper", "status": "run", "seeds": list(seeds),
+                                  "splits": ["default"], "overrides": overrides}})
+    write_record(out, {"mnist": {"budget": "paper", "status": "not run here: needs MNIST",
+                                 "seeds": [], "splits": ["default"]}})
+    return out
+
+
+def _bytes(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.json"))}
+
+
+def test_evidence_written_twice_from_the_same_runs_is_the_same_bytes(tmp_path):
+    runs = _suite(tmp_path / "runs", {"threads": 1, "data": {"root": "x", "alpha": 0.5}})
+    first, again, rewritten = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    write(merge([runs]), first)
+    write(merge([runs]), again)  # from the run folders again
+    write(merge([first]), rewritten)  # from the evidence files themselves
+    assert _bytes(first) == _bytes(again) == _bytes(rewritten)
+    assert sorted(_bytes(first)) == ["digits.json", "mnist.json"]
+    doc = json.loads((first / "digits.json").read_text())
+    # the committed layout: the overrides (sorted) first, the claim's variant order
+    assert list(doc) == ["format", "claim", "overrides", "budget", "status", "seeds", "splits",
+                         "runs", "amm"]
+    assert list(doc["overrides"]) == ["data", "threads"]
+    assert list(doc["overrides"]["data"]) == ["alpha", "root"]
+    assert list(doc["runs"]["default"]) == ["fedavg", "fedavg-size-sampled", "fedmargin"]
+    assert [r["seed"] for r in doc["runs"]["default"]["fedavg"]] == [0, 1, 2]
+
+
+def test_overrides_given_in_another_order_write_the_same_file(tmp_path):
+    one = _suite(tmp_path / "one", {"threads": 1, "data": {"root": "x", "alpha": 0.5}})
+    two = _suite(tmp_path / "two", {"data": {"alpha": 0.5, "root": "x"}, "threads": 1})
+    write(merge([one]), tmp_path / "e1")
+    write(merge([two]), tmp_path / "e2")
+    assert _bytes(tmp_path / "e1") == _bytes(tmp_path / "e2")
+    # and the two records are the same overrides: their runs are taken together
+    assert merge([one, two])["digits"]["seeds"] == [0, 1, 2]
+
+
+def test_report_regenerates_evidence_and_page_unchanged(tmp_path):
+    runs = _suite(tmp_path / "runs", {"threads": 1})
+    ev, md = tmp_path / "ev", tmp_path / "r.md"
+    assert main(["report", str(runs), "--reproduction", str(md), "--evidence", str(ev)]) == 0
+    files, page = _bytes(ev), md.read_bytes()
+    assert main(["report", str(ev), "--reproduction", str(md), "--evidence", str(ev),
+                 "--overwrite"]) == 0
+    assert _bytes(ev) == files and md.read_bytes() == page
