@@ -121,14 +121,15 @@ def make(name: str, model: ProtoNet, device: torch.device | str = "cpu", workers
 
 
 def candidates(model: ProtoNet, device: torch.device, workers: int, precision: str,
-               names: tuple[str, ...] = tuple(TRAINERS)) -> dict[str, Any]:
-    """One instance of each trainer in ``names`` that can train ``model``."""
+               rounds: int = 1, names: tuple[str, ...] = tuple(TRAINERS)) -> dict[str, Any]:
+    """One instance of each trainer in ``names`` that can train ``model`` (in a run of
+    ``rounds`` rounds)."""
     out: dict[str, Any] = {}
     for name in names:
         cls = trainer_class(name)
         if name == "parallel":
             if parallel_reason(model, device, workers) is None:
-                out[name] = cls(workers, "auto")
+                out[name] = cls(workers, "auto", rounds=rounds)
         elif cls.unable(model, precision, device) is None:
             out[name] = cls()
     return out
@@ -164,7 +165,7 @@ class Auto:
                  precision: str = "fp32", rounds: int = 1, in_process: bool = False):
         device = torch.device(device)
         names = IN_PROCESS if in_process else tuple(TRAINERS)
-        self.trainers = candidates(model, device, workers, precision, names)
+        self.trainers = candidates(model, device, workers, precision, rounds, names)
         self.rounds = rounds
         self.chosen: list[str] = []  # the trainer of each round trained, in order
 
