@@ -44,9 +44,9 @@ from protofl.algorithms.capabilities import personalized
 from protofl.api import folder_callbacks
 from protofl.config import Config
 from protofl.data.site import SiteFederation
-from protofl.engine import runfolder
-from protofl.engine.callbacks import Callback, RunFolder, TestMetrics, metric_callbacks
+from protofl.engine.callbacks import Callback, RoundView, TestMetrics, metric_callbacks
 from protofl.engine.experiment import Experiment
+from protofl.engine.runfolder import CONFIG, RunStore
 from protofl.engine.train import ClientResult, RoundContext
 from protofl.errors import ProtoflError
 from protofl.flower.link import superlink_args, transport_line
@@ -99,12 +99,12 @@ class FlowerTrainer(Callback):
         """Site mode: the clients' data are on the nodes only."""
         return isinstance(self.exp.data, SiteFederation)
 
-    def on_run_start(self, exp: Experiment) -> None:
+    def on_run_start(self, exp: RoundView) -> None:
         log.info("%s", transport(self.grid))  # flower.log's first line (after the folder's set-up)
-        self.exp = exp
+        self.exp = exp  # the run's view: its spec, and the data whose sizes the sites report
         self.cfg_json = json.dumps(exp.cfg.to_dict(), sort_keys=True)
         self.versions = versions(self.cfg_json)  # sent with every query and job
-        if self.sites and exp.aggregation.private and exp.cfg.clients.sampling == "weighted":
+        if self.sites and exp.private and exp.cfg.clients.sampling == "weighted":
             raise ProtoflError("flower: under privacy the sites keep their sample counts to "
                                "themselves, so clients.sampling = weighted cannot be met; set "
                                "clients.sampling: uniform")
@@ -336,9 +336,10 @@ def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout:
     trainer = trainer_for(cfg, grid, round_timeout, node_wait)
     metrics = [RemoteTestMetrics(trainer) if isinstance(cb, TestMetrics) else cb
                for cb in metric_callbacks()]
-    # the run folder is prepared before the trainer's on_run_start logs anything into it
-    exp = Experiment(cfg, trainer=trainer, callbacks=[
-        *metrics, *folder_callbacks(out, overwrite=False, progress=False), trainer, *callbacks])
+    store = RunStore(out) if out is not None else None
+    # the store prepares the run folder before the trainer's on_run_start logs anything into it
+    exp = Experiment(cfg, trainer=trainer, store=store, callbacks=[
+        *metrics, *folder_callbacks(out, progress=False), trainer, *callbacks])
     if exp.cfg.data.pooled:
         raise ProtoflError(f"flower: {exp.alg.name} trains on the pooled data of every client, "
                            "which a federation never gathers; run it with `protofl run`")
@@ -346,26 +347,22 @@ def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout:
         exp.run()
         return exp
     engine_log = logging.getLogger("protofl")  # the engine's and this module's lines
-    with runfolder.lock(out):
-        held = {p.name for p in out.iterdir()} - {runfolder.LOCK}
+    with store.lock():
+        held = store.held()
         if held - {LOG_FILE} and not resume:
             raise ProtoflError(f"flower: run folder {out} already holds a run; add "
                                "resume=true to the run config to continue it from its last "
                                "checkpoint, or choose another out")
         # only the log of a failed start, or (resume) a run stopped before its first
         # checkpoint: nothing to continue, so start afresh
-        fresh = held == {LOG_FILE} or (resume and runfolder.folder_state(out) == "no-checkpoint")
-        if fresh:
-            for cb in exp.callbacks:
-                if isinstance(cb, RunFolder):
-                    cb.overwrite = True
-        handler = logging.FileHandler(out / LOG_FILE, delay=True)  # opened at the first line
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        fresh = held == {LOG_FILE} or (resume and store.folder_state() == "no-checkpoint")
+        store.overwrite = fresh
+        handler = store.log_handler(LOG_FILE)  # opened at the first line
         engine_log.addHandler(handler)
         engine_log.setLevel(logging.INFO)
         try:
-            if resume and not fresh and runfolder.CONFIG in held:
-                restore(exp, out)
+            if resume and not fresh and CONFIG in held:
+                restore(exp, store)
             summary = exp.run()
             log.info("protofl run finished: %s", {k: summary.get(k) for k in (
                 "algorithm", "dataset", "rounds", "accuracy")})
@@ -375,19 +372,21 @@ def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout:
     return exp
 
 
-def restore(exp: Experiment, out: Path) -> None:
-    """Put ``exp`` where the run in ``out`` stopped: its last checkpoint (server state,
-    client states the server holds, callbacks' state, RNG), after checking that ``exp``'s
-    resolved config is the folder's (``rounds`` may grow) and that ``metrics.jsonl`` holds
-    every evaluated round up to the checkpoint."""
-    stored = flatten(runfolder.load_config_json(out))
+def restore(exp: Experiment, store: RunStore | Path) -> None:
+    """Put ``exp`` where the run of ``store``'s folder stopped: its last checkpoint (server
+    state, client states the server holds, callbacks' state, RNG), after checking that
+    ``exp``'s resolved config is the folder's (``rounds`` may grow) and that
+    ``metrics.jsonl`` holds every evaluated round up to the checkpoint."""
+    store = store if isinstance(store, RunStore) else RunStore(store)
+    out = store.out
+    stored = flatten(store.config())
     mine = flatten(json.loads(json.dumps(exp.cfg.to_dict())))  # as config.json holds it
     for key in sorted(set(stored) | set(mine)):
         if key != "rounds" and stored.get(key) != mine.get(key):
             raise ProtoflError(f"flower: cannot resume {out}: the run config gives {key} = "
                                f"{mine.get(key)!r}, the run was started with "
                                f"{stored.get(key)!r}; resume with the config it started with")
-    exp.resume(out, runfolder.load_checkpoint(out))
+    exp.resume(store.checkpoint(), store)
     log.info("resuming %s after round %d of %d", out, exp.round, exp.cfg.rounds)
 
 
