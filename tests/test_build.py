@@ -15,8 +15,9 @@ import protofl
 from protofl.config import config_from_dict
 from protofl.data.registry import load_dataset
 from protofl.engine import private
-from protofl.engine.aggregation import Aggregation, stack
+from protofl.engine.aggregation import Aggregation
 from protofl.engine.federation import build
+from protofl.engine.private import stack
 from protofl.engine.spec import RunSpec, resolve, resolve_data
 from protofl.errors import ProtoflError
 

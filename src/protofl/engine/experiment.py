@@ -17,11 +17,12 @@ from protofl.algorithms.base import validate_upload
 from protofl.config import Config
 from protofl.data.federated import FederatedData
 from protofl.engine import hetero
-from protofl.engine.aggregation import Aggregation, stack
+from protofl.engine.aggregation import Aggregation
 from protofl.engine.callbacks import Callback, RoundView, load_callback, metric_callbacks
 from protofl.engine.divergence import check_loss, remedy
 from protofl.engine.federation import Federation, build
 from protofl.engine.parallel import choose_trainer
+from protofl.engine.private import stack
 from protofl.engine.runfolder import RunStore, should_checkpoint
 from protofl.engine.schedule import assign_work, sample_clients
 from protofl.engine.train import ClientResult, RoundContext, Trainer

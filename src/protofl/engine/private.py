@@ -493,3 +493,12 @@ def clip_count_std(cfg: Config) -> float:
     """sigma_b: ``privacy.clip_count_std``, or K'/20 (Andrew et al.'s suggestion)."""
     std = cfg.privacy.clip_count_std
     return cfg.clients.per_round / 20 if std is None else std
+
+
+def stack(cfg: Config, alg: Algorithm, num_clients: int, state: Tensors) -> Aggregation:
+    """The run's aggregation: plain, or the privacy chain its ``privacy`` section asks for
+    (checked against the algorithm first: one line for what is not covered)."""
+    check(cfg, alg)
+    if not dp_on(cfg) and not cfg.privacy.secagg:
+        return Aggregation(alg)
+    return layers(cfg, alg, num_clients, state)

@@ -47,7 +47,7 @@ from protofl.errors import ProtoflError
 from protofl.flower.records import (
     tree_to_arrays,
 )
-from protofl.flower.server_app import FlowerTrainer
+from protofl.flower.trainer import FlowerTrainer
 from protofl.nested import unflatten
 
 log = logging.getLogger("protofl.flower")

@@ -23,8 +23,9 @@ from protofl.data import store
 from protofl.data.federated import FederatedData
 from protofl.data.registry import load_dataset
 from protofl.data.site import SITE, site_data
-from protofl.engine.aggregation import Aggregation, stack
+from protofl.engine.aggregation import Aggregation
 from protofl.engine.federation import Federation, build
+from protofl.engine.private import stack
 from protofl.engine.spec import resolve_data
 from protofl.errors import ProtoflError
 
