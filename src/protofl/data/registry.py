@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from protofl.config import DataConfig
-from protofl.data import store
+from protofl.data import cache, store
 from protofl.data.federated import FederatedData
 from protofl.errors import ProtoflError
 
@@ -197,9 +197,9 @@ def load_dataset(cfg: DataConfig, lean: bool = False) -> FederatedData:
     if not spec.needs_files:
         return builder(cfg)
     folder = store.cache_home() / f"{cfg.name}-{store.cache_key(asdict(cfg), cfg.root)}"
-    cached = store.load_cached(folder)
+    cached = cache.load_cached(folder)
     if cached is not None:
         return cached
-    with store.using(store.Store(store.building_folder(folder), store.data_budget())) as s:
+    with store.using(store.Store(cache.building_folder(folder), store.data_budget())) as s:
         data = builder(cfg)
-    return store.publish(s, data, folder) if s.spilled else data
+    return cache.publish(s, data, folder) if s.spilled else data
