@@ -23,6 +23,7 @@ import torch
 
 from protofl import device as devices
 from protofl.config import Config, config_from_dict, load_raw
+from protofl.data.registry import with_task_dataset
 from protofl.data.site import SiteFederation
 from protofl.engine import runfolder
 from protofl.engine.callbacks import Callback, Progress
@@ -174,9 +175,8 @@ def as_config(config: Config | dict | str | Path | None) -> Config:
         return Config()
     if isinstance(config, Config):
         return config
-    if isinstance(config, dict):
-        return config_from_dict(config)
-    return config_from_dict(load_raw(config))
+    raw = config if isinstance(config, dict) else load_raw(config)
+    return config_from_dict(with_task_dataset(raw))  # "task" alone: its default dataset
 
 
 def run(config: Config | dict | str | Path | None = None, out: str | Path | None = None, *,

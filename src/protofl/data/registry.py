@@ -145,6 +145,18 @@ def task_default_dataset(task: str) -> str:
     return next(n for n, s in DATASETS.items() if s.task == task and not s.needs_files)
 
 
+def with_task_dataset(raw: dict) -> dict:
+    """A raw config (the YAML's keys) whose ``task`` is set but no ``data.name``: the task's
+    default dataset named in it (``protofl run --task segmentation`` and
+    ``protofl.run({"task": "segmentation"})`` alike). Other configs are returned as given."""
+    task, data = raw.get("task"), raw.get("data")
+    if not isinstance(task, str) or task not in {s.task for s in DATASETS.values()} or (
+            isinstance(data, dict) and data.get("name")) or (
+            data is not None and not isinstance(data, dict)):
+        return raw
+    return {**raw, "data": {**(data or {}), "name": task_default_dataset(task)}}
+
+
 def dataset_spec(name: str) -> DatasetSpec:
     if name not in DATASETS:
         raise ProtoflError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}")
