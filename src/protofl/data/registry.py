@@ -130,9 +130,10 @@ def _synthetic(cfg: DataConfig) -> FederatedData:
                                 cfg.num_clients or 30, cfg.seed, cfg.local_test_fraction)
 
 
-def dataset_task(name: str, task: str | None = None) -> str:
-    """The task of dataset ``name``; ``task`` (the config's, if set) must agree with it."""
-    spec = dataset_spec(name)
+def dataset_task(name: str, task: str | None = None, spec: DatasetSpec | None = None) -> str:
+    """The task of dataset ``name`` (``spec``: its entry, when the caller has it); ``task``
+    (the config's, if set) must agree with it."""
+    spec = spec or dataset_spec(name)
     if task is not None and task != spec.task:
         others = [n for n, s in DATASETS.items() if s.task == task]
         raise ProtoflError(f"config: task = {task} but dataset {name!r} is {spec.task}; "
