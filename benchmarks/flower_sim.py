@@ -8,7 +8,7 @@ local steps, batch 10; per-round evaluation on the global test set).
 ``flower``: protofl's ServerApp loop (``run_on_grid``) and ClientApp (``client_app.app``) on
 ``run_simulation`` (Ray, one CPU per ClientApp actor, ``--cores`` actors); the first actor
 to train builds the dataset and writes it to protofl's cache, and every actor maps that one
-copy (``data.store.mapped``) and keeps its federation for the run (``flower/setup.py``). ``in
+copy (``data.cache.mapped``) and keeps its federation for the run (``flower/setup.py``). ``in
 process``: ``Experiment(cfg).run()`` with the default trainer. Both run the same rounds
 (same clients, same local work); round 1 (Ray actors starting, first builds) is the warm-up
 and is reported apart. Prints ``[flower-sim] vs in-process: protofl X s/round, other Y

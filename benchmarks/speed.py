@@ -112,18 +112,15 @@ def sync(device: str) -> None:
 
 # ---- protofl ----
 def protofl_trainer(variant: str, model, workers: int, device: str = "cpu"):
-    """protofl's trainer of a variant: ``auto`` is what a run picks by default
-    (``choose_trainer``; for a convolutional model on a multi-core CPU the parallel trainer),
-    the others force one. The only place this benchmark builds an engine trainer."""
-    from protofl.engine.parallel import ParallelTrainer, choose_trainer
-    from protofl.engine.train import SequentialTrainer
-    from protofl.engine.vectorized import VectorizedTrainer
+    """protofl's trainer of a variant: ``auto`` is what a run trains with by default (each
+    round the trainer the cost model finds cheapest), the others force one. The only place
+    this benchmark builds an engine trainer."""
+    from protofl.engine import trainers
+    from protofl.engine.parallel import ParallelTrainer
 
-    if variant in ("auto", "parallel"):  # parallel: refused off the CPU
-        return choose_trainer(variant, model, device, workers)
     if variant == "parallel-sequential":
         return ParallelTrainer(workers, "sequential")
-    return VectorizedTrainer() if variant == "vectorized" else SequentialTrainer()
+    return trainers.make(variant, model, device, workers, rounds=1000)
 
 
 def protofl_threads(variant: str, model, threads: int) -> int:

@@ -35,9 +35,9 @@ def child(rows: str, trainer: str, epochs: int, rounds: int, root: str) -> dict:
         if rows == "float":
             exp.data = exp.train_data = exp.data.decoded()
         if trainer != "auto":
-            from protofl.engine.parallel import choose_trainer
+            from protofl.engine import trainers
 
-            exp.trainer = choose_trainer(trainer, exp.alg.model, "cpu", 1)
+            exp.trainer = trainers.make(trainer, exp.alg.model, "cpu", 1)
         loaded = mem.peak
         for _ in range(rounds):
             exp.step()

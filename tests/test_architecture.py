@@ -29,7 +29,8 @@ LAYERS = [
     {"metrics"},
     {"engine"},
     {"report"},
-    {"api", "cli", "suites", "suites_hetero", "reproduce", "flower", "doctables", "__init__"},
+    {"api", "cli", "suite", "suites", "suites_hetero", "reproduce", "flower", "doctables",
+     "__init__"},
 ]
 
 

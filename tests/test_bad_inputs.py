@@ -346,9 +346,12 @@ def test_docs_budget_example_settings_run_under_their_budget():
     assert "--set privacy.noise_multiplier=4.0 --set privacy.budget=8" in text
     exp = Experiment(config_from_dict({"privacy": {"noise_multiplier": 4.0, "budget": 8},
                                        "threads": 1}))
+    from protofl.engine.private import Accounting
+    from protofl.privacy.noise import effective_multiplier
+
     agg = exp.aggregation
-    eps = [agg.accountant.epsilon_of([agg.form.multiplier()] * t)
-           for t in (1, 4, 5)]
+    accountant = next(layer for layer in agg.layers if isinstance(layer, Accounting)).accountant
+    eps = [accountant.epsilon_of([effective_multiplier(agg.plan())] * t) for t in (1, 4, 5)]
     assert eps[0] < 8 and eps[1] < 8 < eps[2]
 
 

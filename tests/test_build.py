@@ -15,8 +15,9 @@ import protofl
 from protofl.config import config_from_dict
 from protofl.data.registry import load_dataset
 from protofl.engine import private
-from protofl.engine.aggregation import Aggregation, stack
+from protofl.engine.aggregation import Aggregation
 from protofl.engine.federation import build
+from protofl.engine.private import stack
 from protofl.engine.spec import RunSpec, resolve, resolve_data
 from protofl.errors import ProtoflError
 
@@ -89,32 +90,31 @@ def test_build_leaves_the_callers_generator_alone_and_repeats():
 
 
 def layers_of(agg: Aggregation) -> list[str]:
-    out = [type(agg).__name__]
-    while hasattr(agg, "inner"):
-        agg = agg.inner
-        out.append(type(agg).__name__)
-    return out
+    return [type(layer).__name__ for layer in getattr(agg, "layers", ())] or [
+        type(agg).__name__]
 
 
 @pytest.mark.parametrize("privacy, want", [
     ({}, ["Aggregation"]),
-    ({"noise_multiplier": 1.0}, ["Accounting", "ServerContributions", "SumOfContributions"]),
+    ({"noise_multiplier": 1.0},
+     ["ServerClip", "Sum", "GaussianNoise", "Estimate", "Accounting"]),
     ({"noise_multiplier": 1.0, "noise": "client"},
-     ["Accounting", "ClientContributions", "SumOfContributions"]),
-    ({"secagg": True}, ["ClientContributions", "SumOfContributions"]),
+     ["ClientClip", "Sum", "GaussianNoise", "Estimate", "Accounting"]),
+    ({"secagg": True}, ["ClientClip", "Sum", "Estimate"]),
+    ({"noise_multiplier": 1.0, "adaptive_clip": True, "clip_count_std": 1.0},
+     ["AdaptiveClip", "ServerClip", "Sum", "GaussianNoise", "Estimate", "Accounting"]),
 ])
 def test_the_aggregation_stack_is_chosen_once_from_the_spec(privacy, want):
     fed = build(config_from_dict({"algorithm": "fedavg", "clients": {"per_round": 3},
                                   "privacy": privacy}))
     agg = stack(fed.spec, fed.alg, fed.data.num_clients, fed.state)
     assert layers_of(agg) == want
-    assert (agg.client_hook() is None) == ("noise" not in privacy and "secagg" not in privacy)
-    core = agg
-    while hasattr(core, "inner"):
-        core = core.inner
-    server_noise = privacy.get("noise_multiplier", 0) > 0 and privacy.get("noise") != "client"
-    if isinstance(core, private.SumOfContributions):
-        assert (core.noise is not None) == server_noise
+    client = privacy.get("noise") == "client" or "secagg" in privacy
+    assert (agg.client_hook() is None) == (not client)
+    noise = [layer for layer in getattr(agg, "layers", ()) if isinstance(
+        layer, private.GaussianNoise)]
+    if noise:
+        assert noise[0].by == ("client" if privacy.get("noise") == "client" else "server")
     assert agg.noised == (privacy.get("noise_multiplier", 0) > 0)
     assert agg.private == bool(privacy)
 

@@ -52,7 +52,7 @@ class Weighted(FedAvg):
 class Plain(Algorithm):
     """The same server rule, without declaring Sums."""
 
-    individual = "its server reads every client at once"
+    individual_reason = "its server reads every client at once"
 
 
 def test_privacy_follows_the_declaration_not_the_rule():

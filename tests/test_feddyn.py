@@ -8,8 +8,8 @@ import torch
 from protofl.algorithms.base import FederationInfo, split_state
 from protofl.algorithms.registry import make_algorithm
 from protofl.config import config_from_dict
-from protofl.engine.aggregation import stack
 from protofl.engine.federation import build
+from protofl.engine.private import stack
 from protofl.errors import ProtoflError
 from protofl.models.nets import Mlp
 

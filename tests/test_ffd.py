@@ -11,7 +11,7 @@ from protofl.api import run_experiment
 from protofl.config import config_from_dict, merge
 from protofl.engine import reference, tensorfile
 from protofl.engine.callbacks import Callback
-from protofl.engine.runfolder import LOCK, load_checkpoint, read_metrics
+from protofl.engine.runfolder import LOCK, RunStore, load_checkpoint, read_metrics
 from protofl.errors import ProtoflError
 from protofl.models.registry import build_model
 from protofl.report.compare import load_runs, make_tables, table4
@@ -150,8 +150,8 @@ def test_another_model_or_unfitting_weights_are_refused(runs, tmp_path):
     (ref / "config.json").write_text(json.dumps(merge(cfg, {"model": {"name": "digits_cnn"}})))
     _refused(raw, tmp_path / "a", "trained model 'digits_cnn'.*same architecture")
     (ref / "config.json").write_text(json.dumps(cfg))
-    reference.save_weights(ref / "weights" / "round_0001.safetensors",
-                           {"params": {"w": torch.zeros(3)}, "buffers": {}})
+    RunStore(ref).round_end({"round": 1}, False,
+                            weights={"params": {"w": torch.zeros(3)}, "buffers": {}})
     _refused(raw, tmp_path / "b", "does not fit the reference's model")
     (ref / "weights" / "round_0002.safetensors").unlink()
     _refused(raw, tmp_path / "c", "lacks .*round_0002.safetensors")

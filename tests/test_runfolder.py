@@ -272,3 +272,48 @@ def test_resume_after_a_kill_mid_write_of_metrics(tmp_path, kill_after, caplog):
         return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
 
     assert strip(rf.read_metrics(tmp_path / "killed")) == strip(rf.read_metrics(tmp_path / "full"))
+
+
+def test_callbacks_see_a_read_only_view_and_the_store_writes_the_folder(tmp_path):
+    """Every hook is given a frozen RoundView (never the Experiment); the run folder is the
+    RunStore's, which the view lends (figures and side files go through it)."""
+    import dataclasses
+
+    from protofl.api import run_experiment
+    from protofl.config import config_from_dict
+    from protofl.engine.callbacks import Callback, RoundView
+    from protofl.engine.runfolder import RunStore
+
+    seen = []
+
+    class Look(Callback):
+        def before_run(self, view):
+            seen.append(("before_run", type(view), view.store))
+            assert not (tmp_path / "run" / "config.json").exists()  # nothing written yet
+
+        def on_run_start(self, view):
+            seen.append(("on_run_start", type(view), view.store))
+            assert (tmp_path / "run" / "config.json").exists()
+
+        def on_round_end(self, view, record):
+            seen.append(("on_round_end", type(view), view.record is record))
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                view.state = {}  # type: ignore[misc]
+
+        def on_run_end(self, view, summary):
+            seen.append(("on_run_end", type(view), view.store.summary() == json.loads(
+                json.dumps(summary))))
+
+    cfg = config_from_dict({"algorithm": "fedavg", "rounds": 2, "data": {"name": "digits",
+                            "num_clients": 4}, "clients": {"per_round": 2, "local_steps": 1},
+                            "metrics": {"dissimilarity_clients": 0, "train_loss_samples": 0}})
+    run_experiment(cfg, tmp_path / "run", callbacks=[Look()])
+    assert [s[0] for s in seen] == ["before_run", "on_run_start", "on_round_end",
+                                    "on_round_end", "on_run_end"]
+    assert all(s[1] is RoundView for s in seen)
+    assert isinstance(seen[0][2], RunStore) and seen[0][2].out == tmp_path / "run"
+    assert seen[2][2] and seen[4][2]
+    store = RunStore(tmp_path / "run")
+    assert [r["round"] for r in store.records()] == [1, 2]
+    assert store.checkpoint()["round"] == 2 and store.read_json("stats.json") is not None
+    assert {"curves.png", "stats.png", "summary.json"} <= store.held()

@@ -202,3 +202,14 @@ def test_parallel_trainer_gives_the_sequential_numbers_with_augmentation(start):
     drop = ("seconds", "trainer")
     assert {k: v for k, v in got.items() if k not in drop} == {
         k: v for k, v in want.items() if k not in drop}
+
+
+def test_the_api_takes_task_segmentation_alone_as_the_cli_does():
+    """``protofl.run({"task": "segmentation"})`` runs on the task's default dataset, as
+    ``protofl run --task segmentation`` does (one rule: ``data.registry.with_task_dataset``)."""
+    from protofl.api import as_config
+
+    cfg = as_config({"task": "segmentation"})
+    assert cfg.task == "segmentation" and cfg.data.name == "shapes"
+    assert as_config({"task": "segmentation", "data": {"name": "voc_seg"}}).data.name == "voc_seg"
+    assert as_config({"task": "classification"}).data.name == "synthetic"

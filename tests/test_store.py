@@ -8,6 +8,7 @@ import torch
 from test_loaders_mnist import write_mnist
 
 from protofl.config import DataConfig
+from protofl.data import cache as cache_mod
 from protofl.data import registry, store
 from protofl.data.federated import from_partition
 from protofl.data.registry import load_dataset
@@ -142,7 +143,7 @@ def test_a_build_that_loses_the_race_maps_the_published_cache(tmp_path, cache, m
     monkeypatch.setenv(store.BUDGET_ENV, "0")
     first = load_dataset(cfg, lean=True)
     [folder] = list(cache.iterdir())
-    monkeypatch.setattr(store, "load_cached", _once_none(store.load_cached))
+    monkeypatch.setattr(cache_mod, "load_cached", _once_none(cache_mod.load_cached))
     second = load_dataset(cfg, lean=True)  # built again: the check "saw" no cache
     assert [p.name for p in cache.iterdir()] == [folder.name]  # its own folder is gone
     assert store.mapped_file(second.x_train) == str(folder / "x_train.npy")

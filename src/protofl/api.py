@@ -23,10 +23,12 @@ import torch
 
 from protofl import device as devices
 from protofl.config import Config, config_from_dict, load_raw
+from protofl.data.registry import with_task_dataset
 from protofl.data.site import SiteFederation
 from protofl.engine import runfolder
-from protofl.engine.callbacks import Callback, Progress, RunFolder, SaveWeights
+from protofl.engine.callbacks import Callback, Progress
 from protofl.engine.experiment import Experiment
+from protofl.engine.runfolder import RunStore
 from protofl.engine.spec import RunSpec
 from protofl.errors import Diverged, ProtoflError
 from protofl.report.plots import PlotRun
@@ -36,12 +38,11 @@ from protofl.report.trackers import Tracking, require
 log = logging.getLogger("protofl")
 
 
-def folder_callbacks(out: Path | None, overwrite: bool, progress: bool) -> list[Callback]:
+def folder_callbacks(out: Path | None, progress: bool) -> list[Callback]:
     """The callbacks of a run written to ``out`` (none without it), in the order they must
-    run: the folder, per-round weights, partition statistics, plots, trackers; and a
+    run: partition statistics, plots, trackers (each writing through the run's store); and a
     progress bar."""
-    cbs: list[Callback] = [RunFolder(out, overwrite), SaveWeights(out), PartitionStats(out),
-                           PlotRun(out), Tracking(out)] if out is not None else []
+    cbs: list[Callback] = [PartitionStats(), PlotRun(), Tracking()] if out is not None else []
     return cbs + ([Progress()] if progress else [])
 
 
@@ -58,29 +59,37 @@ def runnable(exp: Experiment, out: Path | None) -> Experiment:
     return exp
 
 
-def run_in_folder(exp: Experiment, out: Path) -> dict:
-    """``exp.run()`` writing ``out`` (whose lock the caller holds); a diverged run's message
+def run_in_folder(exp: Experiment) -> dict:
+    """``exp.run()``, holding its store's lock when it has one; a diverged run's message
     says what the folder keeps."""
-    try:
+    if exp.store is None:
         return exp.run()
-    except Diverged as e:
-        saved = next(cb.saved for cb in exp.callbacks if isinstance(cb, RunFolder))
-        kept = (f"{out} keeps its checkpoint of round {saved}" if saved else
-                f"{out} has no checkpoint yet (start again with --overwrite)")
-        raise Diverged(f"{e}; {kept}") from None
+    with exp.store.lock():
+        try:
+            return exp.run()
+        except Diverged as e:
+            saved, out = exp.store.saved, exp.store.out
+            kept = (f"{out} keeps its checkpoint of round {saved}" if saved else
+                    f"{out} has no checkpoint yet (start again with --overwrite)")
+            raise Diverged(f"{e}; {kept}") from None
+
+
+def experiment(cfg: Config, out: str | Path | None, overwrite: bool, progress: bool,
+               callbacks: Sequence[Callback]) -> Experiment:
+    """The Experiment of ``cfg``, written to ``out`` (None: nowhere) by its RunStore, with the
+    default callbacks, those of a run folder and ``callbacks``."""
+    out = Path(out) if out is not None else None
+    exp = runnable(Experiment(cfg, store=None if out is None else RunStore(out, overwrite)),
+                   out)
+    exp.callbacks += [*folder_callbacks(out, progress), *callbacks]
+    return exp
 
 
 def run_experiment(cfg: Config, out: str | Path | None = None, *, overwrite: bool = False,
                    progress: bool = False, callbacks: Sequence[Callback] = ()) -> dict:
     """Run ``cfg`` to the end, writing a run folder at ``out`` if given (held locked against
     a second writer); ``callbacks`` are added to the default ones. Returns the summary."""
-    out = Path(out) if out is not None else None
-    exp = runnable(Experiment(cfg), out)
-    exp.callbacks += [*folder_callbacks(out, overwrite, progress), *callbacks]
-    if out is None:
-        return exp.run()
-    with runfolder.lock(out):
-        return run_in_folder(exp, out)
+    return run_in_folder(experiment(cfg, out, overwrite, progress, callbacks))
 
 
 def resume_experiment(out: str | Path, rounds: int | None = None, progress: bool = False,
@@ -89,13 +98,13 @@ def resume_experiment(out: str | Path, rounds: int | None = None, progress: bool
     ``rounds`` is the run's new total: more than configured extends it, fewer (never below the
     checkpoint's round) ends it sooner, with a warning; ``device`` trains the rest elsewhere
     (checkpoints are device-independent)."""
-    out = Path(out)
-    if not (out / runfolder.CONFIG).is_file():  # before the lock, which would create the folder
-        raise ProtoflError(f"{out} is not a run folder (no {runfolder.CONFIG}): nothing to "
-                           "resume")
-    with runfolder.lock(out):
-        cfg = config_from_dict(runfolder.load_config_json(out))
-        snapshot = runfolder.load_checkpoint(out)
+    store = RunStore(out)
+    if not store.is_run():  # before the lock, which would create the folder
+        raise ProtoflError(f"{store.out} is not a run folder (no {runfolder.CONFIG}): nothing "
+                           "to resume")
+    with store.lock():
+        cfg = config_from_dict(store.config())
+        snapshot = store.checkpoint()
         if rounds is not None:
             if rounds < cfg.rounds:
                 log.warning("--rounds %d is fewer than the %d configured: the run ends sooner, "
@@ -103,11 +112,11 @@ def resume_experiment(out: str | Path, rounds: int | None = None, progress: bool
             cfg = dataclasses.replace(cfg, rounds=rounds)
         if device is not None:
             cfg = config_from_dict({**cfg.to_dict(), "device": device})
-        exp = runnable(Experiment(cfg), out)
-        runfolder.check_resumable(out, snapshot, exp.alg.name, exp.state)
-        exp.callbacks += [*folder_callbacks(out, False, progress), *callbacks]
-        exp.resume(out, snapshot)
-        return run_in_folder(exp, out)
+        exp = runnable(Experiment(cfg, store=store), store.out)
+        runfolder.check_resumable(store.out, snapshot, exp.alg.name, exp.state)
+        exp.callbacks += [*folder_callbacks(store.out, progress), *callbacks]
+        exp.resume(snapshot)
+        return run_in_folder(exp)
 
 
 class Records(Callback):
@@ -166,9 +175,8 @@ def as_config(config: Config | dict | str | Path | None) -> Config:
         return Config()
     if isinstance(config, Config):
         return config
-    if isinstance(config, dict):
-        return config_from_dict(config)
-    return config_from_dict(load_raw(config))
+    raw = config if isinstance(config, dict) else load_raw(config)
+    return config_from_dict(with_task_dataset(raw))  # "task" alone: its default dataset
 
 
 def run(config: Config | dict | str | Path | None = None, out: str | Path | None = None, *,
@@ -177,12 +185,6 @@ def run(config: Config | dict | str | Path | None = None, out: str | Path | None
     """Run ``config`` (a Config, a dict with the YAML's keys or a config file's path) to the
     end, writing a run folder at ``out`` if given; returns the :class:`Run`."""
     records = Records()
-    exp = runnable(Experiment(as_config(config)), None if out is None else Path(out))
-    exp.callbacks += [*folder_callbacks(None if out is None else Path(out), overwrite,
-                                        progress), records, *callbacks]
-    if out is None:
-        summary = exp.run()
-    else:
-        with runfolder.lock(Path(out)):
-            summary = run_in_folder(exp, Path(out))
+    exp = experiment(as_config(config), out, overwrite, progress, [records, *callbacks])
+    summary = run_in_folder(exp)
     return Run(exp.cfg, records.rows, summary, None if out is None else Path(out), exp)

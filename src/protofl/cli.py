@@ -41,10 +41,10 @@ def _config(args) -> Config:
             raw[key] = getattr(args, flag)
     if getattr(args, "dataset", None):
         raw.setdefault("data", {})["name"] = args.dataset
-    if getattr(args, "task", None) and not (raw.get("data") or {}).get("name"):
-        from protofl.data.registry import task_default_dataset
+    if getattr(args, "task", None):
+        from protofl.data.registry import with_task_dataset
 
-        raw.setdefault("data", {})["name"] = task_default_dataset(args.task)
+        raw = with_task_dataset(raw)
     if getattr(args, "log", None):
         have = raw.get("tracking") if isinstance(raw.get("tracking"), list) else []
         raw["tracking"] = list(dict.fromkeys([*have, *args.log]))

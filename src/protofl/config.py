@@ -297,6 +297,18 @@ class PrivacyConfig:
                                       "[-range, range]; it is quantised to 2^22 levels", gt=0)
     secagg_max_weight: float = option(1000.0, "SecAgg+ without DP: sample counts are divided "
                                               "by this to fit the range", gt=0)
+    adaptive_clip: bool = option(False, "adaptive clipping (Andrew et al., 2021): the clip "
+                                        "norm starts at `clip` and follows a target quantile "
+                                        "of the update norms, estimated privately (DP, noise: "
+                                        "server)")
+    target_quantile: float = option(0.5, "adaptive clipping: the share of updates left "
+                                         "unclipped it aims at", gt=0, lt=1)
+    clip_lr: float = option(0.2, "adaptive clipping: eta, the clip norm's geometric step",
+                            gt=0)
+    clip_count_std: float | None = option(None, "adaptive clipping: sigma_b, the noise std on "
+                                                "the count of unclipped updates (null: "
+                                                "clients.per_round / 20; above "
+                                                "noise_multiplier / 2)", gt=0)
     reproducible_noise: bool = option(False, "TESTS ONLY: draw the DP noise from the run seed "
                                              "(anyone with config.json can remove it; every "
                                              "metrics line says private: false) instead of "

@@ -10,6 +10,7 @@ import torch
 # purposes (the second key of every generator)
 SAMPLE, STRAGGLE, ORDER, AUGMENT, PROBE, SERVER = range(6)  # SERVER: server-side training
 NOISE, CLIENT_NOISE = 6, 7  # DP noise added by the server / by a client
+CLIP_NOISE = 8  # DP noise on adaptive clipping's count of unclipped updates
 
 
 def np_rng(seed: int, *keys: int) -> np.random.Generator:

@@ -11,12 +11,12 @@ FFD metric, which every other run then logs (``mmd``; the table's FFD against fe
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from protofl.config import ALPHA_SETTINGS, merge
+from protofl.suite import Suite
+from protofl.suites_hetero import HETERO_SUITES
 
 SYNTHETIC = {
     "data": {"name": "synthetic", "synthetic_alpha": 1.0, "synthetic_beta": 1.0},
@@ -69,20 +69,6 @@ SHAPES_SEG = {
                 "lr": 0.003},
     "metrics": {"dissimilarity_clients": 0, "train_loss_samples": 200},
 }
-
-
-@dataclass
-class Suite:
-    description: str
-    datasets: dict[str, dict[str, Any]]
-    runs: dict[str, dict[str, Any]]
-    seeds: tuple[int, ...] = (0, 1, 2)
-    extra: list[str] = field(default_factory=list)
-    ffd: bool = False  # a central reference per dataset and seed; FFD logged by every run
-    # run label -> the dataset labels it runs on (default: every one)
-    runs_on: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # what the suite draws at the end besides the table: (out, every (raw, folder)) -> files
-    finish: Callable[[Path, list[tuple[dict, str]]], list[Path]] | None = None
 
 
 def segmentation_figures(out: Path, work: list[tuple[dict, str]]) -> list[Path]:
@@ -291,8 +277,4 @@ def run_suite(name: str, out: Path, jobs: int | None = None, seeds: tuple[int, .
         text += "\nfigures: " + ", ".join(str(f) for f in figures)
     return text
 
-
-# the model-heterogeneous suites live in their own module (import protofl.suites first)
-from protofl.suites_hetero import HETERO_SUITES  # noqa: E402
-
-SUITES.update(HETERO_SUITES)
+SUITES.update(HETERO_SUITES)  # the model-heterogeneous suites live in their own module

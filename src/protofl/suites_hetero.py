@@ -15,7 +15,7 @@ ResNet-18, a 3-block CNN) in place of HtFE-img-8, on digits until a CIFAR set is
 from __future__ import annotations
 
 from protofl.config import merge
-from protofl.suites import Suite
+from protofl.suite import Suite
 
 METHODS = ("fedproto", "fedtgp", "fedproin")
 

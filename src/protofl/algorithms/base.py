@@ -195,6 +195,15 @@ class Algorithm:
     # refuses the others. Per-sample feature terms (contrastive, prototype heads) make an
     # algorithm classification-only.
     tasks: ClassVar[tuple[str, ...]] = ("classification",)
+    # why its server needs each client's upload, for a method without the Sums capability
+    # (DP and secure sums refuse it with this reason; "": the generic one)
+    individual_reason: ClassVar[str] = ""
+    # why it cannot train heterogeneous models ("": its server averages model weights); a
+    # variant that can is named in algorithms/registry.py:HETEROGENEOUS
+    heterogeneous_reason: ClassVar[str] = ""
+    # the model groups of a heterogeneous federation (engine/hetero.py sets them; None: one
+    # model for every client)
+    groups: Any = None
 
     def __init__(self, options: dict[str, Any], model: ProtoNet, num_classes: int,
                  federation: FederationInfo | None = None):

@@ -12,7 +12,7 @@ an algorithm for more only through the functions below, which test for these cla
   holds no global model (such a method may train different models per client).
 
 A method without ``Sums`` is refused by DP and secure aggregation with the reason in its
-class attribute ``individual`` (why its server needs each client's upload).
+class attribute ``individual_reason`` (why its server needs each client's upload).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def sums_reason(alg: Algorithm) -> str:
     """Why ``alg``'s server needs each client's upload individually ("" when sums do)."""
     if isinstance(alg, Sums):
         return alg.sums_reason()
-    return getattr(alg, "individual", "") or INDIVIDUAL
+    return alg.individual_reason or INDIVIDUAL
 
 
 def prototypes(alg: Algorithm, upload: Tensors,

@@ -60,7 +60,7 @@ class FedAtt(Algorithm):
     description = "FedAtt (Ji et al.): per-layer softmax attention over ||w - w_k||, step epsilon"
     Options = AttOptions
     tasks = TASKS
-    individual = "its attention is a softmax over each client's distance to the model"
+    individual_reason = "its attention is a softmax over each client's distance to the model"
 
     def aggregate(self, state, uploads, round):
         new, diag = super().aggregate(state, uploads, round)  # buffers (if any) by FedAvg

@@ -43,7 +43,7 @@ class FedDyn(Algorithm):
                               "E = 5, SGD lr 0.1, weight decay 1e-3, alpha 0.01; their lr decay "
                               "of 0.998 per round is not applied)")
     tasks = TASKS
-    individual = ("its server correction h counts the round's clients against all m, "
+    individual_reason = ("its server correction h counts the round's clients against all m, "
                         "and the sums' estimate carries no count of contributions")
 
     def init_state(self, model):

@@ -126,7 +126,7 @@ class FedPLVM(Algorithm):
     description = ("FedPLVM (Wang et al. 2024): FINCH-clustered local and global prototypes, "
                    "CE + lambda (alpha-sparsity prototype loss + correction); FedAvg weights")
     Options = FedPLVMOptions
-    individual = "its server clusters every client's local prototypes (FINCH)"
+    individual_reason = "its server clusters every client's local prototypes (FINCH)"
 
     def init_state(self, model) -> PLVMState:
         state = super().init_state(model)

@@ -192,8 +192,6 @@ class FedProIn(Sums, Algorithm):
                    "prototype-contrastive losses, influence-weighted prototype aggregation")
     Options = ProInOptions
     client_defaults = {"optimizer": "adam", "lr": 1e-4, "batch_size": 128, "local_epochs": 5}
-    # heterogeneous models: personalised encoders, only the prototypes aggregated
-    heterogeneous = "protofl.algorithms.fedproin_personal:PersonalFedProIn"
     client_defaults_source = ("Kumar, Garg & Sundaresan 2026, the reference protocol (as read "
                               "from the authors' code): Adam, lr 1e-4, batch 128, E = 5")
 

@@ -23,6 +23,20 @@ ALGORITHMS: dict[str, str] = {
     "central": "protofl.algorithms.central:Central",
 }
 ALIASES = {"pgfl": "fedmargin"}
+# the variant that trains an algorithm on heterogeneous models (a model per client group),
+# where it is another class: fedproin with personalised encoders, only prototypes aggregated
+HETEROGENEOUS: dict[str, str] = {
+    "fedproin": "protofl.algorithms.fedproin_personal:PersonalFedProIn",
+}
+
+
+def heterogeneous_variant(name: str) -> type[Algorithm] | None:
+    """The class registered in :data:`HETEROGENEOUS` for algorithm ``name`` (None: none)."""
+    path = HETEROGENEOUS.get(ALIASES.get(name, name))
+    if path is None:
+        return None
+    module, cls = path.split(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def algorithm_class(name: str) -> type[Algorithm]:

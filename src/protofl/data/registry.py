@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from protofl.config import DataConfig
-from protofl.data import store
+from protofl.data import cache, store
 from protofl.data.federated import FederatedData
 from protofl.errors import ProtoflError
 
@@ -130,9 +130,10 @@ def _synthetic(cfg: DataConfig) -> FederatedData:
                                 cfg.num_clients or 30, cfg.seed, cfg.local_test_fraction)
 
 
-def dataset_task(name: str, task: str | None = None) -> str:
-    """The task of dataset ``name``; ``task`` (the config's, if set) must agree with it."""
-    spec = dataset_spec(name)
+def dataset_task(name: str, task: str | None = None, spec: DatasetSpec | None = None) -> str:
+    """The task of dataset ``name`` (``spec``: its entry, when the caller has it); ``task``
+    (the config's, if set) must agree with it."""
+    spec = spec or dataset_spec(name)
     if task is not None and task != spec.task:
         others = [n for n, s in DATASETS.items() if s.task == task]
         raise ProtoflError(f"config: task = {task} but dataset {name!r} is {spec.task}; "
@@ -143,6 +144,18 @@ def dataset_task(name: str, task: str | None = None) -> str:
 def task_default_dataset(task: str) -> str:
     """The dataset a run of ``task`` uses when none is named (needs no download)."""
     return next(n for n, s in DATASETS.items() if s.task == task and not s.needs_files)
+
+
+def with_task_dataset(raw: dict) -> dict:
+    """A raw config (the YAML's keys) whose ``task`` is set but no ``data.name``: the task's
+    default dataset named in it (``protofl run --task segmentation`` and
+    ``protofl.run({"task": "segmentation"})`` alike). Other configs are returned as given."""
+    task, data = raw.get("task"), raw.get("data")
+    if not isinstance(task, str) or task not in {s.task for s in DATASETS.values()} or (
+            isinstance(data, dict) and data.get("name")) or (
+            data is not None and not isinstance(data, dict)):
+        return raw
+    return {**raw, "data": {**(data or {}), "name": task_default_dataset(task)}}
 
 
 def dataset_spec(name: str) -> DatasetSpec:
@@ -197,9 +210,9 @@ def load_dataset(cfg: DataConfig, lean: bool = False) -> FederatedData:
     if not spec.needs_files:
         return builder(cfg)
     folder = store.cache_home() / f"{cfg.name}-{store.cache_key(asdict(cfg), cfg.root)}"
-    cached = store.load_cached(folder)
+    cached = cache.load_cached(folder)
     if cached is not None:
         return cached
-    with store.using(store.Store(store.building_folder(folder), store.data_budget())) as s:
+    with store.using(store.Store(cache.building_folder(folder), store.data_budget())) as s:
         data = builder(cfg)
-    return store.publish(s, data, folder) if s.spilled else data
+    return cache.publish(s, data, folder) if s.spilled else data

@@ -13,9 +13,10 @@ The round loop talks to one :class:`Aggregation` and never asks whether the run 
   ``state_dict`` / ``load_state_dict`` (checkpointed).
 
 :class:`Aggregation` itself is the algorithm's rule over the uploads. Client-level DP and
-secure sums are the layers of ``engine/private.py`` (contributions clipped on the server or
-computed on the clients, their sum with the server's noise, the accountant), stacked by
-:func:`stack` as TensorFlow Federated composes aggregation factories.
+secure sums are the chain of pure layers of ``engine/private.py`` (contributions clipped on
+the server or computed on the clients, their sum, the noise, the accountant), composed by
+``private.chain`` as Optax chains transformations; ``private.stack(spec, ...)`` chooses the
+run's aggregation once.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from protofl.algorithms.base import Algorithm, Tensors, UploadEntry
-from protofl.config import Config
 
 if TYPE_CHECKING:
     from protofl.engine.train import RoundContext
@@ -65,14 +65,3 @@ class Aggregation:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
-
-
-def stack(cfg: Config, alg: Algorithm, num_clients: int, state: Tensors) -> Aggregation:
-    """The run's aggregation: plain, or the privacy layers its ``privacy`` section asks for
-    (checked against the algorithm first: one line for what is not covered)."""
-    from protofl.engine import private
-
-    private.check(cfg, alg)
-    if not private.dp_on(cfg) and not cfg.privacy.secagg:
-        return Aggregation(alg)
-    return private.layers(cfg, alg, num_clients, state)

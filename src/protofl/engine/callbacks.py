@@ -1,45 +1,120 @@
-"""Round callbacks: everything the round loop does besides training and aggregating.
+"""Round callbacks: everything the round loop does besides training, aggregating and writing
+the run folder (that is the loop's :class:`~protofl.engine.runfolder.RunStore`).
 
 A callback overrides the hooks it needs; the loop calls them in list order::
 
-    on_run_start(exp)                      before the first round (also on resume)
-    after_aggregate(exp, record, results)  every round, after aggregation (timed)
-    on_evaluate(exp, record)               on evaluation rounds (timed)
-    on_round_end(exp, record)              every round, after ``seconds`` is set
-    on_run_end(exp, summary)               after the last round
+    before_run(view)                        before the run folder is touched (also on
+                                            resume): open what the callback needs, refuse
+                                            what it cannot do, write nothing
+    on_run_start(view)                      before the first round, once the store has
+                                            prepared the run folder (also on resume)
+    after_aggregate(view, record, results)  every round, after aggregation (timed)
+    on_evaluate(view, record)               on evaluation rounds (timed)
+    on_round_end(view, record)              every round, after ``seconds`` is set and the
+                                            run folder has the round
+    on_run_end(view, summary)               after the last round and the summary
 
-``record`` is the round's line of ``metrics.jsonl`` (a dict callbacks add figures to),
-``results`` the round's ``ClientResult``s and ``exp`` the running :class:`Experiment` (its
-``cfg``, ``data``, ``alg``, ``state``, ``client_states``, ``round``). A callback with state
-returns it from ``state_dict`` (checkpointed) and takes it back in ``load_state_dict``.
+``view`` is a read-only :class:`RoundView` of the run (its spec, data, algorithm, state,
+client states, round, the round's record and the run folder's store), never the loop itself:
+a callback cannot restore, step or rewire a run. ``record`` is the round's line of
+``metrics.jsonl`` (a dict callbacks add figures to), ``results`` the round's
+``ClientResult``s. A callback with state returns it from ``state_dict`` (checkpointed) and
+takes it back in ``load_state_dict``.
 
-The metrics (:class:`TestMetrics`, :class:`TrainLoss`, :class:`Dissimilarity`, :class:`Amm`),
-the run folder (:class:`RunFolder`) and the progress bar (:class:`Progress`) are callbacks; a
-user adds one from Python (``Experiment(cfg, callbacks=[...])`` or ``exp.callbacks.append``)
-or from the config (``callbacks: ["my_module:MyCallback"]``, built with no arguments).
+The metrics (:class:`TestMetrics`, :class:`TrainLoss`, :class:`Dissimilarity`, :class:`Amm`)
+and the progress bar (:class:`Progress`) are callbacks; a user adds one from Python
+(``protofl.run(cfg, callbacks=[...])``) or from the config (``callbacks:
+["my_module:MyCallback"]``, built with no arguments).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from protofl import device as devices
 from protofl.algorithms import capabilities, prototype_math
 from protofl.algorithms.capabilities import personalized
-from protofl.engine import hetero, reference, runfolder
+from protofl.engine import hetero, reference
 from protofl.errors import ProtoflError
 from protofl.metrics import federated as fm
 from protofl.metrics.mmd import mean_client_mmd
 from protofl.seeding import PROBE, np_rng
 
 if TYPE_CHECKING:
-    from protofl.engine.experiment import Experiment
+    from protofl.algorithms.base import Algorithm
+    from protofl.data.federated import FederatedData
+    from protofl.engine.runfolder import RunStore
+    from protofl.engine.spec import RunSpec
     from protofl.engine.train import ClientResult
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """What a callback may see of a run, at one hook: read, never assign (the fields are
+    frozen; the tensors are the run's own, so a callback that changed them in place would
+    change the run: don't).
+
+    ``spec`` (also ``cfg``) is the resolved spec, ``data`` the federation the metrics score,
+    ``alg`` the algorithm (its model, its capabilities), ``state`` the server state after
+    this round, ``client_states`` the per-client states the server holds, ``round`` the
+    rounds done, ``record`` the round's record (None outside a round), ``individual``
+    whether the round's results are the clients' own uploads (not contributions to a sum),
+    ``private`` whether the run is differentially private, ``stopped`` why the run ends
+    early (or ""), ``store`` the run folder's :class:`RunStore` (None without a folder),
+    ``reply_spec`` what a valid client reply holds (an upload, or under privacy layers a
+    contribution).
+    """
+
+    spec: RunSpec
+    data: FederatedData
+    alg: Algorithm
+    state: Mapping[str, Any]
+    client_states: Mapping[int, dict]
+    round: int
+    device: Any
+    record: dict | None = None
+    individual: bool = True
+    private: bool = False
+    stopped: str = ""
+    store: RunStore | None = None
+    reply_spec: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    inputs: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = field(
+        default=None, repr=False)
+
+    @classmethod
+    def of(cls, spec, data, alg, state, client_states, round, device, record, aggregation,
+           stopped, store, inputs) -> RoundView:
+        """The view of a run whose aggregation stack is ``aggregation`` (what a callback may
+        know of it: whether replies are individual uploads, whether it is private, the reply
+        spec)."""
+        return cls(spec, data, alg, state, client_states, round, device, record,
+                   aggregation.individual, aggregation.private, stopped, store,
+                   aggregation.reply_spec(), inputs)
+
+    @property
+    def cfg(self) -> RunSpec:
+        return self.spec
+
+    def evaluating(self, round: int) -> bool:
+        """Whether round ``round`` is evaluated (``eval_every``, the last, an early stop)."""
+        return (round % self.spec.eval_every == 0 or round == self.spec.rounds
+                or bool(self.stopped))
+
+    def client_inputs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Client ``k``'s training rows ``x, y`` (loaded only if asked)."""
+        return self.inputs(k)
+
+    def autocast(self):
+        """The run's precision for forward passes (evaluation, metrics)."""
+        return devices.autocast(self.device, self.spec.precision)
 
 
 class Callback:
@@ -49,20 +124,23 @@ class Callback:
     def name(self) -> str:
         return type(self).__name__
 
-    def on_run_start(self, exp: Experiment) -> None:
+    def before_run(self, view: RoundView) -> None:
         pass
 
-    def after_aggregate(self, exp: Experiment, record: dict, results: list[ClientResult]
+    def on_run_start(self, view: RoundView) -> None:
+        pass
+
+    def after_aggregate(self, view: RoundView, record: dict, results: list[ClientResult]
                         ) -> None:
         pass
 
-    def on_evaluate(self, exp: Experiment, record: dict) -> None:
+    def on_evaluate(self, view: RoundView, record: dict) -> None:
         pass
 
-    def on_round_end(self, exp: Experiment, record: dict) -> None:
+    def on_round_end(self, view: RoundView, record: dict) -> None:
         pass
 
-    def on_run_end(self, exp: Experiment, summary: dict) -> None:
+    def on_run_end(self, view: RoundView, summary: dict) -> None:
         pass
 
     def state_dict(self) -> dict[str, Any]:
@@ -127,7 +205,7 @@ class TestMetrics(Callback):
         record.update(fm.client_figures(preds, data.num_classes, pooled=personalized(alg)))
 
 
-def costly_due(exp: Experiment, record: dict) -> bool:
+def costly_due(exp: RoundView, record: dict) -> bool:
     """Whether this evaluated round computes the costly figures (``metrics.every``)."""
     return fm.expensive_due(record["round"], exp.cfg.metrics.every, exp.cfg.rounds)
 
@@ -187,7 +265,7 @@ class FeatureFidelity(Callback):
         self.ref: reference.Reference | None = None
         self.probe: torch.Tensor | None = None
 
-    def on_run_start(self, exp):
+    def before_run(self, exp):
         m = exp.cfg.metrics
         if m.ffd_reference:
             self.ref = reference.Reference(Path(m.ffd_reference), exp.cfg, exp.alg.model,
@@ -217,63 +295,7 @@ def metric_callbacks() -> list[Callback]:
     return [Amm(), TestMetrics(), TrainLoss(), Dissimilarity(), FeatureFidelity()]
 
 
-# ---- run folder and progress ----
-
-class RunFolder(Callback):
-    """Writes the run folder ``out``: ``config.json`` (the resolved config), one line of
-    ``metrics.jsonl`` per evaluated round, checkpoints, and ``summary.json``. A fresh run
-    refuses a folder holding a run unless ``overwrite``; a resumed run drops the metric lines
-    past its checkpoint."""
-
-    def __init__(self, out: Path, overwrite: bool = False):
-        self.out, self.overwrite = Path(out), overwrite
-        self.saved: int | None = None  # the round of the folder's checkpoint, if any
-
-    def on_run_start(self, exp):
-        if exp.round:
-            self.saved = exp.round
-            runfolder.truncate_metrics(self.out, exp.round)
-            return
-        runfolder.prepare(self.out, self.overwrite)
-        runfolder.write_json(self.out / runfolder.CONFIG, exp.cfg.to_dict())
-
-    def on_round_end(self, exp, record):
-        try:
-            if exp.evaluating(record["round"]):
-                runfolder.append_metrics(self.out, record)
-            last = exp.round if exp.stopped else exp.cfg.rounds
-            if runfolder.should_checkpoint(exp.round, exp.cfg.checkpoint_every, last):
-                runfolder.save_checkpoint(self.out, {**exp.snapshot(),
-                                                     "algorithm": exp.alg.name})
-                self.saved = exp.round
-        except ProtoflError as e:  # a full disk: say what the folder keeps
-            kept = (f"its checkpoint of round {self.saved} is intact: free space, then "
-                    f"`protofl run --resume {self.out}`" if self.saved else
-                    "it has no checkpoint yet")
-            raise ProtoflError(f"{e}; the run stopped, {kept}") from None
-
-    def on_run_end(self, exp, summary):
-        runfolder.write_json(self.out / runfolder.SUMMARY, summary)
-
-
-class SaveWeights(Callback):
-    """With ``metrics.save_weights``, the aggregate weights of every round in
-    ``out/weights/round_NNNN.safetensors`` (a reference for FFD: ``engine/reference.py``). A
-    fresh run first removes the round files a replaced run left there. Comes after
-    :class:`RunFolder`."""
-
-    def __init__(self, out: Path):
-        self.out = Path(out)
-
-    def on_run_start(self, exp):
-        if exp.round == 0:
-            reference.clear_weights(self.out)
-
-    def on_round_end(self, exp, record):
-        if exp.cfg.metrics.save_weights:
-            reference.save_weights(reference.weights_path(self.out, record["round"]),
-                                   exp.alg.global_weights(exp.state))
-
+# ---- progress ----
 
 class Progress(Callback):
     """A tqdm progress bar over rounds, showing the last accuracy."""

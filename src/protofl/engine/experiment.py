@@ -1,13 +1,13 @@
 """The round loop. It knows no algorithm and no metric: it samples clients, hands the round to
-a trainer, asks the algorithm to aggregate, and calls the round callbacks
-(``engine/callbacks.py``) that measure, write and checkpoint."""
+a trainer, asks the algorithm to aggregate, tells its run folder's store
+(``engine/runfolder.py:RunStore``) what to write and when to checkpoint, and calls the round
+callbacks (``engine/callbacks.py``) that measure, each given a read-only ``RoundView``."""
 
 from __future__ import annotations
 
 import logging
 import math
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -16,11 +16,13 @@ from protofl import device as devices
 from protofl.algorithms.base import validate_upload
 from protofl.config import Config
 from protofl.data.federated import FederatedData
-from protofl.engine import hetero, runfolder, trainers
-from protofl.engine.aggregation import Aggregation, stack
-from protofl.engine.callbacks import Callback, load_callback, metric_callbacks
+from protofl.engine import hetero, trainers
+from protofl.engine.aggregation import Aggregation
+from protofl.engine.callbacks import Callback, RoundView, load_callback, metric_callbacks
 from protofl.engine.divergence import check_loss, remedy
 from protofl.engine.federation import Federation, build
+from protofl.engine.private import stack
+from protofl.engine.runfolder import RunStore, should_checkpoint
 from protofl.engine.schedule import assign_work, sample_clients
 from protofl.engine.train import ClientResult, RoundContext, Trainer
 from protofl.errors import Diverged, ProtoflError
@@ -38,9 +40,14 @@ class Experiment:
     federation ``cfg.data`` names: a Flower site's own files) or a built Federation.
     ``self.cfg`` is the resolved spec. ``trainer`` replaces the one ``cfg.trainer`` names;
     ``callbacks`` replaces the default metric callbacks (the config's ``callbacks`` are added
-    either way). ``self.data`` is the federation (the metrics score its clients);
-    ``train_data`` is what clients train on. Aggregation is the run's layer stack
-    (``engine/aggregation.py``): the loop never asks whether the run is private.
+    either way). ``store`` is the run folder's :class:`RunStore` (None: nothing is written),
+    which the loop calls at the start, every round, at checkpoints and at the end; callbacks
+    see the run through a read-only :class:`RoundView`. ``aggregation`` replaces the stack
+    the spec asks for (a privacy chain composed in code: ``engine.private.chain``).
+    ``self.data`` is the federation (the metrics score its clients); ``train_data`` is what
+    clients train on. Aggregation is the
+    run's layer stack (``engine/aggregation.py``): the loop never asks whether the run is
+    private.
 
     A run uses torch's global generator (some server rules draw from it) in a fork seeded
     from the federation's, so the caller's generator is left as it was; the run's torch
@@ -49,14 +56,16 @@ class Experiment:
     """
 
     def __init__(self, cfg: Config | Federation, *, trainer: Trainer | None = None,
-                 callbacks: list[Callback] | None = None, data: FederatedData | None = None):
+                 callbacks: list[Callback] | None = None, data: FederatedData | None = None,
+                 store: RunStore | None = None, aggregation: Aggregation | None = None):
+        self.store = store
         self.fed = fed = cfg if isinstance(cfg, Federation) else build(cfg, data)
         self.cfg, self.data, self.train_data, self.alg = fed.spec, fed.data, fed.train_data, fed.alg
         self.device, self.server, self.setup = fed.device, fed.server, fed.setup
         self.state = fed.state
         self.rng = fed.rng  # torch's generator state for the next round
-        self.aggregation: Aggregation = stack(self.cfg, self.alg, self.data.num_clients,
-                                              self.state)
+        self.aggregation: Aggregation = aggregation or stack(
+            self.cfg, self.alg, self.data.num_clients, self.state)
         self.client_states: dict[int, dict] = {}  # on the CPU; moved over while active
         self.round = 0
         self.stopped = ""  # why the run ended before cfg.rounds (the privacy budget)
@@ -80,6 +89,12 @@ class Experiment:
         """Whether the round's results are the clients' own uploads (not contributions to a
         sum: client-side DP noise, secure aggregation)."""
         return self.aggregation.individual
+
+    def view(self, record: dict | None = None) -> RoundView:
+        """The read-only view of the run that callbacks are given."""
+        return RoundView.of(self.cfg, self.data, self.alg, self.state, self.client_states,
+                            self.round, self.device, record, self.aggregation, self.stopped,
+                            self.store, self.fed.client_inputs)
 
     def evaluating(self, round: int) -> bool:
         return (round % self.cfg.eval_every == 0 or round == self.cfg.rounds
@@ -131,12 +146,14 @@ class Experiment:
         self.aggregation.after_round(record, t)
         if t < cfg.rounds:
             self.stopped = self.aggregation.stop_reason(t + 1)
+        view = self.view(record)
         for cb in self.callbacks:
-            cb.after_aggregate(self, record, results)
+            cb.after_aggregate(view, record, results)
         self.round = t
         if self.evaluating(t):
+            view = self.view(record)
             for cb in self.callbacks:
-                cb.on_evaluate(self, record)
+                cb.on_evaluate(view, record)
             check_loss(record, data.num_classes, c, self.aggregation.noised)
         self.elapsed += time.perf_counter() - start
         record["seconds"] = round(self.elapsed, 4)
@@ -182,17 +199,29 @@ class Experiment:
                                                  self.server))
         self.aggregation.load_state_dict(snap.get("privacy", {}))
 
-    def resume(self, out: Path, snap: dict) -> None:
-        """Continue the run folder ``out`` from its checkpoint ``snap``: restored, its
-        ``metrics.jsonl`` checked to hold every evaluated round up to it, and its
-        ``config.json`` rewritten when the run was extended to more rounds."""
+    def resume(self, snap: dict, store: RunStore | None = None) -> None:
+        """Continue from the checkpoint ``snap`` of the run folder of ``store`` (default: the
+        run's own): restored, after the store has checked that ``metrics.jsonl`` holds every
+        evaluated round up to it (and rewritten ``config.json`` when the run was extended)."""
+        store = store or self.store
         if self.cfg.rounds < snap["round"]:
-            raise ProtoflError(f"rounds = {self.cfg.rounds}: {out} has already run "
+            where = store.out if store is not None else "the checkpoint"
+            raise ProtoflError(f"rounds = {self.cfg.rounds}: {where} has already run "
                                f"{snap['round']} rounds; give at least that many")
         self.restore(snap)
-        runfolder.check_history(out, self.round, self.cfg.eval_every, self.cfg.rounds)
-        if runfolder.load_config_json(out).get("rounds") != self.cfg.rounds:
-            runfolder.write_json(out / runfolder.CONFIG, self.cfg.to_dict())
+        if store is not None:
+            store.resume(self.cfg.to_dict(), self.round, self.cfg.eval_every,
+                              self.cfg.rounds)
+
+    def write_round(self, record: dict) -> None:
+        """The run folder's part of a round: its metric line, the checkpoint when due, the
+        round's weights (``metrics.save_weights``)."""
+        last = self.round if self.stopped else self.cfg.rounds
+        due = should_checkpoint(self.round, self.cfg.checkpoint_every, last)
+        self.store.round_end(
+            record, self.evaluating(record["round"]),
+            (lambda: {**self.snapshot(), "algorithm": self.alg.name}) if due else None,
+            self.alg.global_weights(self.state) if self.cfg.metrics.save_weights else None)
 
     # ---- the whole run ----
     def run(self) -> dict:
@@ -201,20 +230,31 @@ class Experiment:
         torch.set_num_threads(self.cfg.threads)
         devices.set_deterministic(self.cfg.deterministic)
         try:
+            view = self.view()
             for cb in self.callbacks:
-                cb.on_run_start(self)
+                cb.before_run(view)
+            if self.store is not None:
+                self.store.start(self.cfg.to_dict(), self.round)
+            for cb in self.callbacks:
+                cb.on_run_start(view)
             if self.round < self.cfg.rounds:  # a resumed run that had reached the budget
                 self.stopped = self.aggregation.stop_reason(self.round + 1)
             try:
                 while self.round < self.cfg.rounds and not self.stopped:
                     record = self.step()
+                    if self.store is not None:
+                        self.write_round(record)
+                    view = self.view(record)
                     for cb in self.callbacks:
-                        cb.on_round_end(self, record)
+                        cb.on_round_end(view, record)
             finally:
                 self.close()
             summary = self.summary()
+            if self.store is not None:
+                self.store.finish(summary)
+            view = self.view()
             for cb in self.callbacks:
-                cb.on_run_end(self, summary)
+                cb.on_run_end(view, summary)
             return summary
         finally:
             torch.set_num_threads(threads)
@@ -235,3 +275,14 @@ class Experiment:
                 "seconds": round(self.elapsed, 3), **keep,
                 **({"stopped": self.stopped} if self.stopped else {}),
                 "provenance": provenance()}
+
+
+def restored(store: RunStore) -> Experiment:
+    """The run of ``store``'s folder rebuilt from its ``config.json`` as it stood at its last
+    checkpoint (figures drawn after a run: t-SNE, the segmentation figure). Nothing is
+    written."""
+    from protofl.config import config_from_dict
+
+    exp = Experiment(config_from_dict(store.config()))
+    exp.restore(store.checkpoint())
+    return exp

@@ -77,8 +77,7 @@ def build(cfg: Config, data: FederatedData | None = None) -> Federation:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         if hetero.requested(spec.model):  # a model per client group (engine/hetero.py)
-            alg, _ = hetero.make(spec, data)
-            alg.federation = info(data)
+            alg, _ = hetero.make(spec, data, info(data))
         else:
             model = build_model(spec.model.name, data.input_shape, data.num_classes,
                                 spec.model)

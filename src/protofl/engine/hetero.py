@@ -2,13 +2,12 @@
 (``models/families.py``), and only prototypes travel.
 
 An algorithm supports this when it is ``capabilities.Personalized`` (it uploads no weights and
-keeps each client's model in its client state), or names in its class attribute
-``heterogeneous`` the ``"module:Class"`` of a variant that is (fedproin's
-``PersonalFedProIn``). Such an algorithm keeps the clients' common initial weights under
-``init`` in its state and broadcast. In a heterogeneous federation ``init`` holds one entry
-per model group (``m0``, ``m1``, ...), and each group sees the algorithm, state and broadcast
-of its own model (``view``, ``group_state``): the algorithm's code is the same as with one
-model.
+keeps each client's model in its client state), or ``algorithms/registry.py:HETEROGENEOUS``
+names a variant of it that is (fedproin's ``PersonalFedProIn``). Such an algorithm keeps the
+clients' common initial weights under ``init`` in its state and broadcast. In a
+heterogeneous federation ``init`` holds one entry per model group (``m0``, ``m1``, ...), and
+each group sees the algorithm, state and broadcast of its own model (``view``,
+``group_state``): the algorithm's code is the same as with one model.
 
 Trainers: :class:`GroupedTrainer` splits a round's jobs by group and hands each group to an
 ordinary trainer (so the vectorized trainer stacks, with ``vmap``, the clients of one model);
@@ -19,11 +18,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
 
-from protofl.algorithms.base import Algorithm, Tensors, split_state
+from protofl.algorithms.base import Algorithm, FederationInfo, Tensors, split_state
 from protofl.algorithms.capabilities import personalized
-from protofl.algorithms.registry import algorithm_class, make_algorithm
+from protofl.algorithms.registry import algorithm_class, heterogeneous_variant, make_algorithm
 from protofl.config import Config, ModelConfig
 from protofl.data.federated import FederatedData
 from protofl.engine.train import ClientResult, RoundContext, Trainer
@@ -43,14 +41,13 @@ def variant(name: str) -> type[Algorithm]:
     cls = algorithm_class(name)
     if personalized(cls):
         return cls
-    how = getattr(cls, "heterogeneous", "")
-    if not how:
-        why = getattr(cls, "heterogeneous_reason", "") or "its server averages model weights"
+    other = heterogeneous_variant(name)
+    if other is None:
+        why = cls.heterogeneous_reason or "its server averages model weights"
         raise ProtoflError(f"algorithm {cls.name!r} cannot train heterogeneous models "
                            f"(model.per_client / model.family): {why}; use fedproto, fedtgp "
                            "or fedproin")
-    module, attr = str(how).split(":")
-    return getattr(importlib.import_module(module), attr)
+    return other
 
 
 def check(cfg: Config) -> None:
@@ -68,18 +65,19 @@ def key(group: int) -> str:
 
 
 def groups_of(alg: Algorithm) -> ModelGroups | None:
-    return getattr(alg, "groups", None)
+    return alg.groups
 
 
-def make(cfg: Config, data: FederatedData) -> tuple[Algorithm, ModelConfig]:
+def make(cfg: Config, data: FederatedData, federation: FederationInfo | None = None
+         ) -> tuple[Algorithm, ModelConfig]:
     """The algorithm of a heterogeneous run (``model`` = the first group's, ``groups`` = every
     group's, each wrapped by the algorithm) and the resolved model config (``name``
     ``heterogeneous``, ``per_client`` the list in use, ``feature_dim`` d)."""
     cls = variant(cfg.algorithm)
     groups, dim = build_groups(cfg.model, data.input_shape, data.num_classes)
-    alg = cls(cfg.algo, groups.models[0], data.num_classes)
+    alg = cls(cfg.algo, groups.models[0], data.num_classes, federation)
     groups.models = [alg.model] + [alg.wrap_model(m) for m in groups.models[1:]]
-    alg.groups = groups  # type: ignore[attr-defined]
+    alg.groups = groups
     resolved = dataclasses.replace(cfg.model, name=NAME, per_client=list(groups.names),
                                    feature_dim=dim)
     return alg, resolved
@@ -118,7 +116,7 @@ def view(alg: Algorithm, group: int) -> Algorithm:
     if group not in cache:
         v = copy.copy(alg)
         v.model = groups_of(alg).models[group]
-        v.groups = None  # type: ignore[attr-defined]
+        v.groups = None
         cache[group] = v
     return cache[group]
 

@@ -26,20 +26,9 @@ from protofl.models.nets import ProtoNet
 from protofl.models.registry import build_model
 from protofl.seeding import PROBE, np_rng
 
-WEIGHTS_DIR = "weights"
+WEIGHTS_DIR = runfolder.WEIGHTS_DIR
+weights_path = runfolder.weights_path  # a run folder's round weights (RunStore writes them)
 FFD_PROBE = 1  # third key of the probe generator: (data.seed, PROBE, FFD_PROBE)
-
-
-def weights_path(folder: Path, round: int) -> Path:
-    return Path(folder) / WEIGHTS_DIR / f"round_{round:04d}.safetensors"
-
-
-def save_weights(path: Path, weights: Weights) -> None:
-    """``weights`` (copied to the CPU), atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    runfolder.atomic_write(path, tensorfile.encode(
-        {part: {k: v.detach().cpu().contiguous() for k, v in weights[part].items()}
-         for part in ("params", "buffers")}))
 
 
 def load_weights(path: Path) -> Weights:
@@ -54,12 +43,6 @@ def load_weights(path: Path) -> Weights:
             isinstance(v, torch.Tensor) for part in tree.values() for v in part.values())):
         raise ProtoflError(f"{path} does not hold a model's weights")
     return {"params": tree["params"], "buffers": tree["buffers"]}
-
-
-def clear_weights(folder: Path) -> None:
-    """Remove the per-round weights a previous run left in ``folder``."""
-    for p in (Path(folder) / WEIGHTS_DIR).glob("round_*"):
-        p.unlink()
 
 
 def probe(data: FederatedData, size: int, data_seed: int) -> torch.Tensor:

@@ -1,5 +1,12 @@
 """A run folder: config.json, metrics.jsonl, summary.json, checkpoint.safetensors, plots.
 
+:class:`RunStore` owns a run folder: it is the one object that writes into it (the lock, the
+resolved config, the metric lines, checkpoints, per-round weights, figures, the summary, the
+JSON side files of statistics and trackers, the Flower server's log) and the one that reads a
+run back (config, records, summary, checkpoint, resume checks). The round loop calls it at the
+start, every round, at checkpoints and at the end; the Flower ServerApp uses the same object;
+reports and trackers read and write through it. The functions below are its parts.
+
 - Writes are atomic (a temporary file, then a rename), so a killed run never leaves a torn file;
   ``metrics.jsonl`` is appended line by line, and a torn last line (a kill mid-write) is dropped
   with a warning when it is read.
@@ -12,6 +19,7 @@
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import logging
 import math
@@ -34,6 +42,7 @@ CONFIG, METRICS, SUMMARY = "config.json", "metrics.jsonl", "summary.json"
 CHECKPOINT = "checkpoint.safetensors"
 LEGACY_CHECKPOINT = "checkpoint.pt"  # written by protofl <= 0.1 with torch.save (pickle)
 LOCK = ".protofl.lock"
+WEIGHTS_DIR = "weights"  # per-round aggregate weights (metrics.save_weights), FFD's reference
 # Every file protofl writes into a run folder; ``--overwrite`` removes these and nothing else.
 ARTEFACTS = (CONFIG, METRICS, SUMMARY, CHECKPOINT, LEGACY_CHECKPOINT, "curves.png",
              "confusion.png", "tsne.png", "segmentation.png", "flower.log", "stats.json",
@@ -356,3 +365,148 @@ def load_config_json(out: Path) -> dict:
     if not isinstance(cfg, dict):
         raise ProtoflError(f"{path} does not hold a config object")
     return cfg
+
+
+def weights_path(folder: Path, round: int) -> Path:
+    return Path(folder) / WEIGHTS_DIR / f"round_{round:04d}.safetensors"
+
+
+def encode_weights(weights: dict) -> bytes:
+    """``weights`` (``{"params": ..., "buffers": ...}``, copied to the CPU) as safetensors."""
+    return tensorfile.encode({part: {k: v.detach().cpu().contiguous()
+                                     for k, v in weights[part].items()}
+                              for part in ("params", "buffers")})
+
+
+class RunStore:
+    """The owner of run folder ``out``: every write into it, and every read of a run back.
+
+    The round loop's calls, in order: :meth:`start` (a fresh run: prepare the folder and write
+    ``config.json``; a resumed one: drop metric lines past its checkpoint), :meth:`round_end`
+    (the metric line of an evaluated round, the checkpoint when due, the round's weights) and
+    :meth:`finish` (``summary.json``). :meth:`resume` checks a folder before a checkpoint is
+    continued. Figures, statistics and trackers write through :meth:`save_figure`,
+    :meth:`write_json` and :meth:`place`; the Flower ServerApp's log through
+    :meth:`log_handler`. ``overwrite`` lets a fresh run replace the folder's old run.
+    """
+
+    def __init__(self, out: str | Path, overwrite: bool = False):
+        self.out, self.overwrite = Path(out), overwrite
+        self.saved: int | None = None  # the round of the folder's checkpoint, if any
+
+    def __repr__(self) -> str:
+        return f"RunStore({str(self.out)!r})"
+
+    # ---- the folder as a whole ----
+    def lock(self):
+        """Hold the folder's lock for a block (``lock``)."""
+        return lock(self.out)
+
+    def held(self) -> set[str]:
+        """The names of what the folder holds (the lock file left out)."""
+        return {p.name for p in self.out.iterdir()} - {LOCK} if self.out.is_dir() else set()
+
+    def folder_state(self) -> str:
+        return folder_state(self.out)
+
+    def is_run(self) -> bool:
+        return (self.out / CONFIG).is_file()
+
+    # ---- reading a run back ----
+    def config(self) -> dict:
+        return load_config_json(self.out)
+
+    def records(self) -> list[dict]:
+        return read_metrics(self.out)
+
+    def summary(self) -> dict | None:
+        path = self.out / SUMMARY
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def checkpoint(self) -> dict:
+        return load_checkpoint(self.out)
+
+    def read_json(self, name: str) -> dict | None:
+        path = self.out / name
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def weights_path(self, round: int) -> Path:
+        return weights_path(self.out, round)
+
+    # ---- the round loop's calls ----
+    def start(self, spec: dict, round: int) -> None:
+        """Before the first round: a fresh run (``round`` 0) prepares the folder (refusing one
+        that holds a run unless ``overwrite``), writes ``config.json`` and removes the round
+        weights a replaced run left; a resumed run drops the metric lines past its checkpoint."""
+        if round:
+            self.saved = round
+            truncate_metrics(self.out, round)
+            return
+        prepare(self.out, self.overwrite)
+        write_json(self.out / CONFIG, spec)
+        for p in (self.out / WEIGHTS_DIR).glob("round_*"):
+            p.unlink()
+
+    def resume(self, spec: dict, round: int, eval_every: int, rounds: int) -> None:
+        """Before a checkpoint of round ``round`` is continued: ``metrics.jsonl`` must hold
+        every evaluated round up to it; ``config.json`` is rewritten when the run was extended
+        (or shortened) to ``rounds``."""
+        check_history(self.out, round, eval_every, rounds)
+        if load_config_json(self.out).get("rounds") != rounds:
+            write_json(self.out / CONFIG, spec)
+
+    def round_end(self, record: dict, evaluated: bool, snapshot: Any = None,
+                  weights: dict | None = None) -> None:
+        """After round ``record["round"]``: its metric line when ``evaluated``, the checkpoint
+        ``snapshot()`` when one is due (``snapshot`` is None otherwise), and ``weights``
+        (``metrics.save_weights``). A failed write (a full disk) says what the folder keeps."""
+        try:
+            if evaluated:
+                append_metrics(self.out, record)
+            if snapshot is not None:
+                save_checkpoint(self.out, snapshot())
+                self.saved = record["round"]
+        except ProtoflError as e:
+            kept = (f"its checkpoint of round {self.saved} is intact: free space, then "
+                    f"`protofl run --resume {self.out}`" if self.saved else
+                    "it has no checkpoint yet")
+            raise ProtoflError(f"{e}; the run stopped, {kept}") from None
+        if weights is not None:
+            path = weights_path(self.out, record["round"])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, encode_weights(weights))
+
+    def finish(self, summary: dict) -> None:
+        write_json(self.out / SUMMARY, summary)
+
+    # ---- what others write through it ----
+    def write_json(self, name: str, obj: Any) -> Path:
+        """``name`` (a side file: ``stats.json``, ``tracking.json``), atomically."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        write_json(self.out / name, obj)
+        return self.out / name
+
+    def save_figure(self, name: str, fig: Any, dpi: int = 100) -> Path:
+        """A matplotlib figure as ``name`` (a PNG), atomically."""
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=dpi)
+        self.out.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.out / name, buf.getvalue())
+        return self.out / name
+
+    def place(self, name: str, clear: str | None = None) -> Path:
+        """The subfolder ``name`` lent to a writer the store cannot drive itself (TensorBoard's
+        event files), created; ``clear``: a glob of files a replaced run left there, removed."""
+        path = self.out / name
+        path.mkdir(parents=True, exist_ok=True)
+        if clear:
+            for stale in path.glob(clear):
+                stale.unlink()
+        return path
+
+    def log_handler(self, name: str) -> logging.Handler:
+        """A logging handler appending to ``name`` (opened at its first line)."""
+        handler = logging.FileHandler(self.out / name, delay=True)
+        handler.setFormatter(logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s %(message)s"))
+        return handler

@@ -20,7 +20,7 @@ import torch
 from protofl.algorithms.registry import ALGORITHMS, algorithm_class
 from protofl.config import Config, DataConfig, ModelConfig, build, declared
 from protofl.data.federated import FederatedData
-from protofl.data.registry import dataset_spec, dataset_task
+from protofl.data.registry import DatasetSpec, dataset_spec, dataset_task
 from protofl.engine import hetero
 from protofl.engine.schedule import step_budget
 from protofl.engine.trainers import resolve_workers, trainer_class, usable_cores
@@ -43,18 +43,18 @@ def fill(section: Any, defaults: dict[str, Any]) -> Any:
     return dataclasses.replace(section, **values)
 
 
-def resolve_data(data: DataConfig) -> DataConfig:
+def resolve_data(data: DataConfig, spec: DatasetSpec | None = None) -> DataConfig:
     """The data section with the dataset's own partition and augmentation filled in (what
-    ``load_dataset`` reads)."""
-    spec = dataset_spec(data.name)
+    ``load_dataset`` reads); ``spec``: the dataset's entry, when the caller has it."""
+    spec = spec or dataset_spec(data.name)
     return dataclasses.replace(data, partition=data.partition or spec.partition,
                                augment=data.augment or spec.augment)
 
 
-def resolve_model(cfg: Config) -> ModelConfig:
+def resolve_model(cfg: Config, spec: DatasetSpec | None = None) -> ModelConfig:
     """The model section naming the model built: ``auto`` is the dataset's paper model, and
     DeepLab's null sizes are the dataset's, else DeepLab's defaults."""
-    spec = dataset_spec(cfg.data.name)
+    spec = spec or dataset_spec(cfg.data.name)
     name = cfg.model.name if cfg.model.name != "auto" else spec.model
     model = dataclasses.replace(cfg.model, name=name)
     check_model_config(model)
@@ -65,10 +65,10 @@ def resolve_model(cfg: Config) -> ModelConfig:
     return model
 
 
-def check_task(cfg: Config) -> str:
+def check_task(cfg: Config, spec: DatasetSpec | None = None) -> str:
     """The run's task (the dataset's; ``cfg.task``, when set, must agree), and that the
     algorithm is written for it: one-line errors otherwise."""
-    task = dataset_task(cfg.data.name, cfg.task)
+    task = dataset_task(cfg.data.name, cfg.task, spec)
     cls = algorithm_class(cfg.algorithm)
     if task not in cls.tasks:
         fit = [n for n in ALGORITHMS if task in algorithm_class(n).tasks]
@@ -101,12 +101,13 @@ def resolve(cfg: Config, data: FederatedData) -> RunSpec:
     the paper's, else the fallbacks; DP samples uniformly); threads, workers and the client
     count; and for pooled data (the centralized baseline), one client taking a federated
     round's expected SGD steps each round."""
-    task = check_task(cfg)
+    dataset = dataset_spec(cfg.data.name)  # looked up once, read three times
+    task = check_task(cfg, dataset)
     hetero.check(cfg)
     if cfg.trainer != "auto":
         trainer_class(cfg.trainer)  # a name the registry has
     cls = algorithm_class(cfg.algorithm)
-    data_cfg = dataclasses.replace(resolve_data(cfg.data), num_clients=data.num_clients,
+    data_cfg = dataclasses.replace(resolve_data(cfg.data, dataset), num_clients=data.num_clients,
                                    **cls.data_defaults)
     augment = data_cfg.augment
     if augment != "none" and len(data.input_shape) != 3:
@@ -128,7 +129,8 @@ def resolve(cfg: Config, data: FederatedData) -> RunSpec:
                       "algo": dataclasses.asdict(build(cls.Options, dict(cfg.algo), "algo")),
                       "workers": resolve_workers(cfg.workers),
                       "data": data_cfg, "clients": clients,
-                      "model": cfg.model if hetero.requested(cfg.model) else resolve_model(cfg),
+                      "model": (cfg.model if hetero.requested(cfg.model) else
+                                resolve_model(cfg, dataset)),
                       "metrics": fill(cfg.metrics, {"save_weights": data_cfg.pooled})})
     if spec.threads is not None and not hetero.requested(spec.model):
         return spec

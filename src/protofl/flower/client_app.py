@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 from logging import ERROR
+from typing import Any
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -78,6 +79,17 @@ def node_experiment(cfg_json: str, context: Context) -> Node:
 def own_model(context: Context) -> bool:
     """Whether this node names the model it trains (node config ``model``)."""
     return bool(context.node_config.get(hetero.NODE_MODEL, ""))
+
+
+NOISE_SEED = "noise-seed"  # node config, privacy.reproducible_noise only: this node's seed
+
+
+def upload_hook(b: Node, context: Context) -> Any:
+    """What this node does to an upload before it leaves: its contribution when the clients
+    compute them (client-side noise, secure aggregation), else nothing (None); its DP noise
+    is drawn from the node's own ``noise-seed`` when it sets one."""
+    secret = context.node_config.get(NOISE_SEED)
+    return b.aggregation.client_hook(int(secret) if secret not in (None, "") else None)
 
 
 def audit(context: Context) -> AuditLog:
@@ -133,8 +145,6 @@ def train_job(job, context: Context, broadcast) -> tuple[Node, ClientResult, str
     the node's own partition, with the run's upload hook (client-side DP noise, secure-sum
     contribution); returns the node, the result and the key of the client's state in the
     node's context (the caller keeps the state once it accepts the result)."""
-    from protofl.flower import secure_client  # privacy.*: client-side DP noise, SecAgg+
-
     pid, n = partition_of(context)
     node = node_experiment(str(job["config"]), context)
     b = node.fed
@@ -147,7 +157,7 @@ def train_job(job, context: Context, broadcast) -> tuple[Node, ClientResult, str
     work = Job(client, int(job["units"]), bool(job["straggler"]))
     alg, broadcast = hetero.node_view(b.alg, b.state, broadcast, client, own_model(context))
     rc = RoundContext(alg, broadcast, [work], b.data, {client: state}, b.setup,
-                      int(job["round"]), secure_client.upload_hook(node, context))
+                      int(job["round"]), upload_hook(node, context))
     return node, train_client(rc, work), key
 
 
@@ -157,7 +167,7 @@ def train(msg: Message, context: Context) -> Message:
     from protofl.flower import secure_client  # SecAgg+ stages
 
     if secure_client.is_secure(msg):
-        return secure_client.secure_train(msg, context)
+        return secure_client.secure_train(msg, context, train_job, audit)
     job = msg.content.config_records["job"]
     checked(msg, str(job["config"]))
     node, result, key = train_job(job, context, tree_from_records(msg.content, "broadcast"))

@@ -47,7 +47,7 @@ from protofl.errors import ProtoflError
 from protofl.flower.records import (
     tree_to_arrays,
 )
-from protofl.flower.server_app import FlowerTrainer
+from protofl.flower.trainer import FlowerTrainer
 from protofl.nested import unflatten
 
 log = logging.getLogger("protofl.flower")
@@ -142,7 +142,7 @@ class SecureTrainer(FlowerTrainer):
                              "left out of the SecAgg+ round (error, timeout or too few peers)")
         if not done or not strategy.mean:
             return []
-        return self.results(strategy.mean, sorted(done), exp.aggregation.reply_spec())
+        return self.results(strategy.mean, sorted(done), exp.reply_spec)
 
     @staticmethod
     def results(mean: list[np.ndarray], clients: list[int], spec: dict) -> list[ClientResult]:

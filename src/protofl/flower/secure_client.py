@@ -16,21 +16,9 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.compat.common import recorddict_compat as compat
 
 from protofl.errors import ProtoflError
-from protofl.flower.client_app import audit, train_job
 from protofl.flower.node import check_versions
 from protofl.flower.records import tree_from_arrays, tree_to_records
-from protofl.flower.setup import Node
 from protofl.nested import flatten
-
-NOISE_SEED = "noise-seed"  # node config, privacy.reproducible_noise only: this node's seed
-
-
-def upload_hook(b: Node, context: Context) -> Any:
-    """What this node does to an upload before it leaves: its contribution when the clients
-    compute them (client-side noise, secure aggregation), else nothing (None); its DP noise
-    is drawn from the node's own ``noise-seed`` when it sets one."""
-    secret = context.node_config.get(NOISE_SEED)
-    return b.aggregation.client_hook(int(secret) if secret not in (None, "") else None)
 
 
 def is_secure(msg: Message) -> bool:
@@ -38,12 +26,13 @@ def is_secure(msg: Message) -> bool:
     return RECORD_KEY_CONFIGS in msg.content.config_records
 
 
-def secure_train(msg: Message, context: Context) -> Message:
-    """A SecAgg+ stage: the mod runs the protocol and calls :func:`fit` to train."""
-    return secaggplus_mod(msg, context, fit)
+def secure_train(msg: Message, context: Context, train_job: Any, audit: Any) -> Message:
+    """A SecAgg+ stage: the mod runs the protocol and calls :func:`fit` to train (with the
+    ClientApp's ``train_job`` and ``audit``, passed in: this module imports no ClientApp)."""
+    return secaggplus_mod(msg, context, lambda m, c: fit(m, c, train_job, audit))
 
 
-def fit(msg: Message, context: Context) -> Message:
+def fit(msg: Message, context: Context, train_job: Any, audit: Any) -> Message:
     """Train this node's client on the broadcast and reply with its contribution as the
     legacy ``FitRes`` the mod masks (weight 1; the loss last, clamped to the range)."""
     ins = compat.recorddict_to_fitins(msg.content, keep_input=True)

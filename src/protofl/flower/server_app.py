@@ -27,16 +27,12 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-import time
 from collections.abc import Sequence
 from logging import ERROR, INFO
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import Context
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
@@ -44,16 +40,13 @@ from protofl.algorithms.capabilities import personalized
 from protofl.api import folder_callbacks
 from protofl.config import Config
 from protofl.data.site import SiteFederation
-from protofl.engine import runfolder
-from protofl.engine.callbacks import Callback, RunFolder, TestMetrics, metric_callbacks
+from protofl.engine.callbacks import Callback, TestMetrics, metric_callbacks
 from protofl.engine.experiment import Experiment
-from protofl.engine.train import ClientResult, RoundContext
+from protofl.engine.runfolder import CONFIG, RunStore
 from protofl.errors import ProtoflError
-from protofl.flower.link import superlink_args, transport_line
-from protofl.flower.node import VERSIONS_RECORD, versions
-from protofl.flower.records import tree_from_records, tree_to_records
-from protofl.flower.setup import OUT, check_partitions, config_from_run
-from protofl.metrics.sites import SiteScore, pooled_figures
+from protofl.flower.setup import OUT, config_from_run
+from protofl.flower.trainer import FlowerTrainer, short, transport  # noqa: F401 (re-exported)
+from protofl.metrics.sites import pooled_figures
 from protofl.nested import flatten
 from protofl.report.runs import summary_line
 
@@ -62,231 +55,7 @@ log = logging.getLogger("protofl.flower")
 ROUND_TIMEOUT = "round-timeout"  # seconds to wait for a round's replies
 NODE_WAIT = "node-wait"  # seconds to wait for every client's SuperNode to connect
 RESUME = "resume"  # continue the run in `out` from its last checkpoint
-POLL_S = 0.2
 LOG_FILE = "flower.log"
-_WRAPPED = re.compile(r"^<class '(?:[\w.]+\.)?(\w+)'>:<'(.*)'>$", re.S)
-
-
-def short(reason: str) -> str:
-    """One line of an error reply's reason: the last non-empty line (Ray wraps it in a
-    traceback), ``Type: message`` for Flower's ``<class '...Type'>:<'message'>``."""
-    text = str(reason).strip()
-    m = _WRAPPED.match(text)
-    if m:
-        text = f"{m.group(1)}: {m.group(2)}"
-    lines = [x.strip() for x in text.splitlines() if x.strip()]
-    return (lines[-1] if lines else "unknown error")[:300]
-
-
-class FlowerTrainer(Callback):
-    """A trainer (and round callback) whose clients are SuperNodes reached through a Flower
-    ``Grid``: when the run starts it finds which node holds which client; each round's
-    rejected clients are added to the metrics line."""
-
-    name = "flower"
-
-    def __init__(self, grid: Grid, round_timeout: float = 600.0, node_wait: float = 120.0):
-        self.grid, self.round_timeout, self.node_wait = grid, round_timeout, node_wait
-        self.nodes: dict[int, int] = {}
-        self.sizes: dict[int, int] = {}  # site mode: training samples per site, as reported
-        self.restored_sizes: np.ndarray | None = None  # site mode: from the checkpoint
-        self.rejected: list[dict[str, Any]] = []
-        self.cfg_json = ""
-        self.versions: dict[str, str] = {}
-
-    @property
-    def sites(self) -> bool:
-        """Site mode: the clients' data are on the nodes only."""
-        return isinstance(self.exp.data, SiteFederation)
-
-    def on_run_start(self, exp: Experiment) -> None:
-        log.info("%s", transport(self.grid))  # flower.log's first line (after the folder's set-up)
-        self.exp = exp
-        self.cfg_json = json.dumps(exp.cfg.to_dict(), sort_keys=True)
-        self.versions = versions(self.cfg_json)  # sent with every query and job
-        if self.sites and exp.aggregation.private and exp.cfg.clients.sampling == "weighted":
-            raise ProtoflError("flower: under privacy the sites keep their sample counts to "
-                               "themselves, so clients.sampling = weighted cannot be met; set "
-                               "clients.sampling: uniform")
-        self.nodes = self.discover(self.node_wait)
-        if self.sites:
-            exp.data.set_sizes(self.site_sizes())
-
-    # ---- which node holds which client ----
-    def discover(self, wait: float) -> dict[int, int]:
-        """Map client (partition-id) -> node id, asking every connected SuperNode; waits up
-        to ``wait`` s for one node per client, then goes on with those it has. In site mode
-        the query carries the run's config, and each node checks its files and reports its
-        sizes; a node that cannot join replies with an error and is left out."""
-        want = self.exp.data.num_clients
-        deadline = time.monotonic() + wait
-        nodes: dict[int, int] = {}
-        asked: set[int] = set()
-        query = {"what": "partition", **({"config": self.cfg_json} if self.sites else {})}
-        while True:
-            new = [n for n in self.grid.get_node_ids() if n not in asked]
-            asked.update(new)
-            msgs = [Message(RecordDict({"query": ConfigRecord(query),
-                                        VERSIONS_RECORD: ConfigRecord(self.versions)}),
-                            dst_node_id=n, message_type="query") for n in new]
-            for reply in self._exchange(msgs, max(deadline - time.monotonic(), 5.0)):
-                node = reply.metadata.src_node_id
-                if reply.has_error():
-                    reason = short(reply.error.reason)
-                    log.warning("node %s %s: %s", node, "left out (it cannot join)"
-                                if self.sites or "mismatch" in reason
-                                else "did not describe itself", reason)
-                    continue
-                info = reply.content.config_records["node"]
-                check_partitions(int(info["num-partitions"]), self.exp.data)
-                pid = int(info["partition-id"])
-                if not 0 <= pid < want:
-                    raise ProtoflError(f"flower: node {node} has partition-id {pid}, outside "
-                                       f"0..{want - 1}")
-                if pid in nodes:
-                    log.warning("nodes %s and %s both hold partition %s; using %s",
-                                nodes[pid], node, pid, nodes[pid])
-                    continue
-                nodes[pid] = node
-                if "num-examples" in info:
-                    self.sizes[pid] = int(info["num-examples"])
-                    log.info("site %d (node %s): %d training and %s held-out samples", pid,
-                             node, self.sizes[pid], info.get("num-test"))
-            if len(nodes) == want or time.monotonic() > deadline:
-                break
-            time.sleep(1.0)
-        missing = sorted(set(range(want)) - set(nodes))
-        if missing:
-            log.warning("no SuperNode for clients %s; they are skipped when sampled", missing)
-        log.info("%d of %d clients have a SuperNode", len(nodes), want)
-        return nodes
-
-    def site_sizes(self) -> np.ndarray:
-        """The sites' training sizes (client sampling): those in the checkpoint when the run
-        resumes, else as reported, with the mean of the known ones for a site that did not
-        join (it is sampled as usual and left out)."""
-        if self.restored_sizes is not None:
-            for k, n in self.sizes.items():
-                if n != self.restored_sizes[k]:
-                    log.warning("site %d now reports %d training samples, %d when the run "
-                                "started; sampling keeps the first count", k, n,
-                                self.restored_sizes[k])
-            return self.restored_sizes
-        if not self.sizes or sum(self.sizes.values()) == 0:
-            raise ProtoflError(f"flower: no site joined within node-wait = {self.node_wait:g} "
-                               "s with training samples (see flower.log for why)")
-        fill = int(round(np.mean(list(self.sizes.values()))))
-        return np.array([self.sizes.get(k, fill) for k in range(self.exp.data.num_clients)])
-
-    def state_dict(self) -> dict[str, Any]:
-        sized = self.sites and self.exp.data.sizes is not None
-        return {"sizes": torch.from_numpy(self.exp.data.sizes)} if sized else {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "sizes" in state:
-            self.restored_sizes = state["sizes"].cpu().numpy().astype(np.int64)
-
-    def _exchange(self, msgs: list[Message], timeout: float) -> list[Message]:
-        """Push ``msgs``, pull replies until all came, their nodes left, or ``timeout``."""
-        if not msgs:
-            return []
-        dst = {}
-        for mid, m in zip(self.grid.push_messages(msgs), msgs):
-            dst[mid] = m.metadata.dst_node_id
-        replies: list[Message] = []
-        deadline = time.monotonic() + timeout
-        next_check = time.monotonic() + 2.0
-        while dst and time.monotonic() < deadline:
-            got = list(self.grid.pull_messages(list(dst)))
-            for r in got:
-                dst.pop(r.metadata.reply_to_message_id, None)
-                replies.append(r)
-            if dst and time.monotonic() > next_check:  # stop waiting for nodes that left
-                alive = set(self.grid.get_node_ids())
-                for mid, node in list(dst.items()):
-                    if node not in alive:
-                        log.warning("node %s left before replying", node)
-                        dst.pop(mid)
-                next_check = time.monotonic() + 2.0
-            if dst and not got:
-                time.sleep(POLL_S)
-        for node in dst.values():
-            log.warning("node %s did not reply within %.0f s", node, timeout)
-        return replies
-
-    # ---- the trainer ----
-    def train(self, rc: RoundContext) -> list[ClientResult]:
-        rnd = rc.round
-        records = tree_to_records(rc.broadcast, "broadcast", RecordDict())
-        msgs, sent = [], {}
-        for job in rc.jobs:
-            node = self.nodes.get(job.client)
-            if node is None:
-                self._reject(rnd, job.client, None, "no SuperNode holds this client")
-                continue
-            content = RecordDict({**records, "job": ConfigRecord({
-                "round": rnd, "client": job.client, "units": job.units,
-                "straggler": job.straggler, "config": self.cfg_json}),
-                VERSIONS_RECORD: ConfigRecord(self.versions)})
-            msgs.append(Message(content, dst_node_id=node, message_type="train",
-                                group_id=str(rnd)))
-            sent[node] = job.client
-        results: dict[int, ClientResult] = {}
-        for reply in self._exchange(msgs, self.round_timeout):
-            node = reply.metadata.src_node_id
-            client = sent.pop(node, None)
-            if client is None:
-                log.warning("round %d: reply from unexpected node %s ignored", rnd, node)
-                continue
-            if reply.has_error():
-                self._reject(rnd, client, node, f"error reply: {short(reply.error.reason)}")
-                continue
-            try:
-                upload = tree_from_records(reply.content, "upload")
-                loss = float(reply.content.metric_records["metrics"]["loss"])
-            except (ProtoflError, KeyError, TypeError, ValueError) as e:
-                self._reject(rnd, client, node, str(e))
-                continue
-            results[client] = ClientResult(client, upload, {}, loss)
-        for node, client in sent.items():  # what is left never replied
-            self._reject(rnd, client, node, "no reply")
-        return [results[j.client] for j in rc.jobs if j.client in results]  # the engine's order
-
-    def _reject(self, rnd: int, client: int, node: int | None, why: str) -> None:
-        log.warning("round %d: client %d (node %s) left out: %s", rnd, client, node, why)
-        self.rejected.append({"round": rnd, "client": client, "node": node, "reason": why})
-
-    def after_aggregate(self, exp, record, results):
-        lost = {r["client"] for r in self.rejected if r["round"] == record["round"]}
-        record["rejected"] = sorted(lost | set(record["rejected"]))
-
-    def evaluations(self, state: dict, rnd: int) -> dict[int, SiteScore]:
-        """Each node's score on its held-out split: a confusion matrix and a summed loss (the
-        model is the global one, or a personalised client's own, which stays on its node)."""
-        content = tree_to_records(state, "state", RecordDict())
-        content["job"] = ConfigRecord({"round": rnd, "config": self.cfg_json})
-        content[VERSIONS_RECORD] = ConfigRecord(self.versions)
-        msgs = [Message(RecordDict(dict(content)), dst_node_id=n, message_type="evaluate",
-                        group_id=f"eval{rnd}") for n in self.nodes.values()]
-        client_of = {n: k for k, n in self.nodes.items()}
-        C = self.exp.data.num_classes
-        got: dict[int, SiteScore] = {}
-        for reply in self._exchange(msgs, self.round_timeout):
-            node = reply.metadata.src_node_id
-            try:
-                if reply.has_error():
-                    raise ProtoflError(short(reply.error.reason))
-                ev = tree_from_records(reply.content, "eval")
-                m, loss = ev["confusion"], float(ev["loss_sum"])
-                if (m.shape != (C, C) or m.is_floating_point() or bool((m < 0).any())
-                        or not np.isfinite(loss)):
-                    raise ProtoflError(f"a malformed score (confusion {tuple(m.shape)}, "
-                                       f"loss {loss})")
-            except (ProtoflError, KeyError, TypeError, ValueError) as e:
-                log.warning("round %d evaluation: node %s left out: %s", rnd, node, e)
-                continue
-            got[client_of[node]] = SiteScore(m.numpy().astype(np.int64), loss)
-        return got
 
 
 FEDERATED = ("accuracy", "loss")  # site mode: logged as federated_accuracy, federated_loss
@@ -336,9 +105,10 @@ def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout:
     trainer = trainer_for(cfg, grid, round_timeout, node_wait)
     metrics = [RemoteTestMetrics(trainer) if isinstance(cb, TestMetrics) else cb
                for cb in metric_callbacks()]
-    # the run folder is prepared before the trainer's on_run_start logs anything into it
-    exp = Experiment(cfg, trainer=trainer, callbacks=[
-        *metrics, *folder_callbacks(out, overwrite=False, progress=False), trainer, *callbacks])
+    store = RunStore(out) if out is not None else None
+    # the store prepares the run folder before the trainer's on_run_start logs anything into it
+    exp = Experiment(cfg, trainer=trainer, store=store, callbacks=[
+        *metrics, *folder_callbacks(out, progress=False), trainer, *callbacks])
     if exp.cfg.data.pooled:
         raise ProtoflError(f"flower: {exp.alg.name} trains on the pooled data of every client, "
                            "which a federation never gathers; run it with `protofl run`")
@@ -346,26 +116,22 @@ def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout:
         exp.run()
         return exp
     engine_log = logging.getLogger("protofl")  # the engine's and this module's lines
-    with runfolder.lock(out):
-        held = {p.name for p in out.iterdir()} - {runfolder.LOCK}
+    with store.lock():
+        held = store.held()
         if held - {LOG_FILE} and not resume:
             raise ProtoflError(f"flower: run folder {out} already holds a run; add "
                                "resume=true to the run config to continue it from its last "
                                "checkpoint, or choose another out")
         # only the log of a failed start, or (resume) a run stopped before its first
         # checkpoint: nothing to continue, so start afresh
-        fresh = held == {LOG_FILE} or (resume and runfolder.folder_state(out) == "no-checkpoint")
-        if fresh:
-            for cb in exp.callbacks:
-                if isinstance(cb, RunFolder):
-                    cb.overwrite = True
-        handler = logging.FileHandler(out / LOG_FILE, delay=True)  # opened at the first line
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        fresh = held == {LOG_FILE} or (resume and store.folder_state() == "no-checkpoint")
+        store.overwrite = fresh
+        handler = store.log_handler(LOG_FILE)  # opened at the first line
         engine_log.addHandler(handler)
         engine_log.setLevel(logging.INFO)
         try:
-            if resume and not fresh and runfolder.CONFIG in held:
-                restore(exp, out)
+            if resume and not fresh and CONFIG in held:
+                restore(exp, store)
             summary = exp.run()
             log.info("protofl run finished: %s", {k: summary.get(k) for k in (
                 "algorithm", "dataset", "rounds", "accuracy")})
@@ -375,19 +141,21 @@ def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout:
     return exp
 
 
-def restore(exp: Experiment, out: Path) -> None:
-    """Put ``exp`` where the run in ``out`` stopped: its last checkpoint (server state,
-    client states the server holds, callbacks' state, RNG), after checking that ``exp``'s
-    resolved config is the folder's (``rounds`` may grow) and that ``metrics.jsonl`` holds
-    every evaluated round up to the checkpoint."""
-    stored = flatten(runfolder.load_config_json(out))
+def restore(exp: Experiment, store: RunStore | Path) -> None:
+    """Put ``exp`` where the run of ``store``'s folder stopped: its last checkpoint (server
+    state, client states the server holds, callbacks' state, RNG), after checking that
+    ``exp``'s resolved config is the folder's (``rounds`` may grow) and that
+    ``metrics.jsonl`` holds every evaluated round up to the checkpoint."""
+    store = store if isinstance(store, RunStore) else RunStore(store)
+    out = store.out
+    stored = flatten(store.config())
     mine = flatten(json.loads(json.dumps(exp.cfg.to_dict())))  # as config.json holds it
     for key in sorted(set(stored) | set(mine)):
         if key != "rounds" and stored.get(key) != mine.get(key):
             raise ProtoflError(f"flower: cannot resume {out}: the run config gives {key} = "
                                f"{mine.get(key)!r}, the run was started with "
                                f"{stored.get(key)!r}; resume with the config it started with")
-    exp.resume(out, runfolder.load_checkpoint(out))
+    exp.resume(store.checkpoint(), store)
     log.info("resuming %s after round %d of %d", out, exp.round, exp.cfg.rounds)
 
 
@@ -424,12 +192,6 @@ def serve(grid: Grid, context: Context, cfg: Config | None = None, out: Path | N
         raise
     flwr_log(INFO, "protofl: %s", summary_line(exp.summary(), folder))
     return exp
-
-
-def transport(grid: Grid) -> str:
-    """Whether the federation runs with TLS and SuperNode authentication (``flower/link.py``)."""
-    simulated = type(grid).__name__ == "InMemoryGrid"
-    return transport_line(simulated, None if simulated else superlink_args())
 
 
 def resume_flag(value: Any) -> bool:

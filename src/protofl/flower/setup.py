@@ -4,7 +4,7 @@ aggregation layers, whose client hook makes an upload the node's contribution. A
 builds the round loop, and imports nothing a run config names (callbacks run on the server).
 
 Every deployment message runs in a fresh ``flwr-clientapp`` process, so a node's data are
-built once per machine and memory-mapped by the later messages (``data.store.mapped``; the
+built once per machine and memory-mapped by the later messages (``data.cache.mapped``; the
 node config ``data-cache=false`` turns it off): the same files, one decode. Ray's workers in a
 simulation map one copy of the dataset the same way."""
 
@@ -19,12 +19,13 @@ import torch
 
 from protofl import device as devices
 from protofl.config import Config, apply_set, config_from_dict, load_raw
-from protofl.data import store
+from protofl.data import cache as data_cache
 from protofl.data.federated import FederatedData
 from protofl.data.registry import load_dataset
 from protofl.data.site import SITE, site_data
-from protofl.engine.aggregation import Aggregation, stack
+from protofl.engine.aggregation import Aggregation
 from protofl.engine.federation import Federation, build
+from protofl.engine.private import stack
 from protofl.engine.spec import resolve_data
 from protofl.errors import ProtoflError
 
@@ -74,7 +75,7 @@ def build_shared(cfg_json: str, data_root: str = "", cache: bool = True) -> Node
         raw["data"]["root"] = data_root
     cfg = config_from_dict(raw)
     spec = resolve_data(cfg.data)
-    data = store.mapped("node", {"data": asdict(spec)}, spec.root,
+    data = data_cache.mapped("node", {"data": asdict(spec)}, spec.root,
                         lambda: load_dataset(spec, lean=True)) if cache else None
     return node_of(cfg, data)
 
@@ -93,7 +94,7 @@ def build_site(cfg_json: str, data_root: str, data_name: str, site: int,
         return site_data(cfg.data, fmt, data_root, site)
 
     key = {"data": asdict(cfg.data), "format": fmt, "site": site}
-    return node_of(cfg, store.mapped("site", key, data_root, files) if cache else files())
+    return node_of(cfg, data_cache.mapped("site", key, data_root, files) if cache else files())
 
 
 def node_build(cfg_json: str, data_root: str, data_name: str, site: int,

@@ -29,7 +29,8 @@ K' shares of std sigma bound / sqrt(K'), by the clients.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -61,6 +62,7 @@ class SumSettings:
     clients: int = 1  # K': the fixed denominator and the number of noise shares
     client_noise: bool = False  # the clients add the noise (shares), not the server
     scale: float = 1.0  # exact sums: sizes and counts divided by this (fits a secure range)
+    delta_multiplier: float | None = None  # the weights update's own sigma (None: multiplier)
 
     @property
     def private(self) -> bool:
@@ -99,7 +101,19 @@ class SumForm:
         self.uniform = settings.private and not self.bounded  # DP: w_k = 1, denominator K'
         self.weight_bound = float(bound) if self.bounded else 1.0
 
+    def adjusted(self, **settings) -> SumForm:
+        """This form with some settings replaced (a round's clip norm and the update's noise
+        multiplier under adaptive clipping); the original is unchanged."""
+        out = copy.copy(self)
+        out.settings = replace(self.settings, **settings)
+        return out
+
     # ---- what a client sends ----
+    def update_norm(self, upload: Tensors, broadcast: Tensors) -> float:
+        """The L2 norm of the client's weights update W_k - W^t, before any clipping."""
+        flat, base = flatten(upload), flatten(broadcast)
+        return l2_norm({k: flat[k].to(F64) - base[k].to(F64) for k in self.weights})
+
     def weight(self, upload: Tensors, state: Tensors | None) -> Tensor:
         """w_k: the algorithm's client weight (DP: bounded, or 1 when unbounded; exact sums:
         an unbounded weight divided by ``scale``)."""
@@ -188,7 +202,7 @@ class SumForm:
 
         for part, bound in self.bounds().items():
             top, _, key = part.partition(".")
-            std = client_noise_std(bound, sigma, shares)
+            std = client_noise_std(bound, self.part_sigma(part, sigma), shares)
             if top == "delta":
                 out[top] = {k: noisy(v, std) for k, v in tree[top].items()}
             elif key:
@@ -197,17 +211,32 @@ class SumForm:
                 out[top] = noisy(tree[top], std)
         return out
 
-    def multiplier(self, received: float | None = None) -> float:
-        """The noise multiplier of one round's release for the accountant: the parts' common
-        sigma combined (``effective_multiplier``); with client-side noise and ``received`` of
-        the K' shares, sigma sqrt(received / K')."""
+    def part_sigma(self, part: str, sigma: float) -> float:
+        """The noise multiplier of one noised part: the update's own (adaptive clipping) for
+        ``delta``, else ``sigma``."""
+        d = self.settings.delta_multiplier
+        return d if part == "delta" and d is not None else sigma
+
+    def part_multipliers(self, received: float | None = None) -> list[float]:
+        """The noise multiplier of each noised part of one round's release (noise std over
+        the part's L2 bound); with client-side noise and ``received`` of the K' shares, each
+        times sqrt(received / K'). Empty without DP."""
         s = self.settings
         if not s.private:
-            return 0.0
-        sigma = s.multiplier
-        if s.client_noise and received is not None:
-            sigma = distributed_multiplier(sigma, s.clients, min(received, s.clients))
-        return effective_multiplier([sigma] * len(self.bounds()))
+            return []
+        out = []
+        for part in self.bounds():
+            sigma = self.part_sigma(part, s.multiplier)
+            if s.client_noise and received is not None:
+                sigma = distributed_multiplier(sigma, s.clients, min(received, s.clients))
+            out.append(sigma)
+        return out
+
+    def multiplier(self, received: float | None = None) -> float:
+        """The noise multiplier of one round's release for the accountant: the parts'
+        multipliers combined (``effective_multiplier``); with client-side noise and
+        ``received`` of the K' shares, sigma sqrt(received / K')."""
+        return effective_multiplier(self.part_multipliers(received))
 
     # ---- what the server makes of the sum ----
     @staticmethod

@@ -3,13 +3,12 @@ across algorithms (mean with a band of one standard deviation over seeds)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from protofl.engine import runfolder
 from protofl.engine.callbacks import Callback
+from protofl.engine.runfolder import RunStore
 from protofl.report.canvas import subplots
 
 CURVES = (("accuracy", "test accuracy"), ("train_loss", "training loss"),
@@ -31,10 +30,9 @@ def series(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(r), np.asarray(v, dtype=float)
 
 
-def plot_run(folder: Path) -> None:
-    """``curves.png`` (the four curves) and ``confusion.png`` for one run folder."""
-    folder = Path(folder)
-    rows = runfolder.read_metrics(folder)
+def run_figures(rows: list[dict], summary: dict | None) -> dict:
+    """A run's figures by file name: ``curves.png`` (the four curves of its records ``rows``)
+    and, when its summary holds one, ``confusion.png``."""
     fig, axes = subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
     for ax, (key, label) in zip(axes, curves_of([rows])):
         x, y = series(rows, key)
@@ -44,13 +42,20 @@ def plot_run(folder: Path) -> None:
         if key == "dissimilarity" and len(y) and (y > 0).all():
             ax.set_yscale("log")
     fig.tight_layout()
-    fig.savefig(folder / "curves.png", dpi=100)
-    summary_path = folder / runfolder.SUMMARY
-    if summary_path.exists():
-        summary = json.loads(summary_path.read_text())
-        if summary.get("confusion"):
-            plot_confusion(np.asarray(summary["confusion"]), folder / "confusion.png",
-                           f"{summary.get('algorithm')} on {summary.get('dataset')}")
+    figures = {"curves.png": fig}
+    if summary and summary.get("confusion"):
+        figures["confusion.png"] = confusion_figure(
+            np.asarray(summary["confusion"]),
+            f"{summary.get('algorithm')} on {summary.get('dataset')}")
+    return figures
+
+
+def plot_run(folder: Path | RunStore) -> None:
+    """``curves.png`` (the four curves) and ``confusion.png`` for one run folder, written
+    through its store."""
+    store = folder if isinstance(folder, RunStore) else RunStore(folder)
+    for name, fig in run_figures(store.records(), store.summary()).items():
+        store.save_figure(name, fig)
 
 
 def confusion_inches(classes: int) -> float:
@@ -88,15 +93,14 @@ class PlotRun(Callback):
     segmentation run with an aggregate model ``segmentation.png`` (a few fixed test images,
     their truth, the prediction and the two entropy maps)."""
 
-    def __init__(self, out: Path):
-        self.out = Path(out)
-
-    def on_run_end(self, exp, summary) -> None:
-        plot_run(self.out)
-        if exp.data.task == "segmentation" and exp.alg.global_weights(exp.state) is not None:
+    def on_run_end(self, view, summary) -> None:
+        if view.store is None:
+            return
+        plot_run(view.store)
+        if view.data.task == "segmentation" and view.alg.global_weights(view.state) is not None:
             from protofl.report.segmentation import run_figure
 
-            run_figure(exp, self.out / "segmentation.png")
+            view.store.save_figure("segmentation.png", run_figure(view), dpi=110)
 
 
 def plot_confusion(m: np.ndarray, path: Path, title: str = "",

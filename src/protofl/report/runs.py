@@ -7,21 +7,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from protofl.engine import runfolder
+from protofl.engine.runfolder import RunStore
 
 if TYPE_CHECKING:
     from protofl.engine.experiment import Experiment
 
 
 def restored(folder: Path) -> Experiment:
-    """The run in ``folder`` as it stood at its last checkpoint."""
-    from protofl.config import config_from_dict
-    from protofl.engine.experiment import Experiment
+    """The run in ``folder`` as it stood at its last checkpoint (the store reads it, the loop
+    restores it: ``engine.experiment.restored``)."""
+    from protofl.engine import experiment
 
-    folder = Path(folder)
-    exp = Experiment(config_from_dict(runfolder.load_config_json(folder)))
-    exp.restore(runfolder.load_checkpoint(folder))
-    return exp
+    return experiment.restored(RunStore(folder))
 
 
 def summary_line(summary: dict, out: Path | None = None) -> str:

@@ -57,10 +57,11 @@ def _rgb(image: np.ndarray | torch.Tensor) -> np.ndarray:
 
 
 def qualitative_figure(images, truth, methods: Mapping[str, Mapping[str, object]],
-                       path: str | Path, class_names: list[str] | None = None,
-                       title: str = "") -> Path:
+                       path: str | Path | None, class_names: list[str] | None = None,
+                       title: str = ""):
     """One row per test image: the image, its ground truth, then for each method its
-    predicted map, softmax entropy map and feature entropy map; writes and returns ``path``.
+    predicted map, softmax entropy map and feature entropy map; writes and returns ``path``
+    (``None``: returns the figure, for a run folder's store to write).
 
     ``images``: ``(N, 3, H, W)`` (uint8, or floats rescaled per image for display);
     ``truth``: ``(N, H, W)`` labels (255 void); ``methods``: name -> ``{"pred": (N, H, W),
@@ -112,9 +113,13 @@ def qualitative_figure(images, truth, methods: Mapping[str, Mapping[str, object]
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 0.97 if title else 1))
+    return fig if path is None else _save(fig, path, 110)
+
+
+def _save(fig, path: str | Path, dpi: int) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=dpi)
     return path
 
 
@@ -190,9 +195,10 @@ def model_maps(exp, index: np.ndarray) -> dict[str, torch.Tensor]:
     return maps_from_outputs(*forward(exp.alg.model, weights["params"], weights["buffers"], x))
 
 
-def run_figure(exp, path: str | Path, n: int = FIGURE_IMAGES) -> Path:
-    """One run's figure: ``n`` fixed test images, their truth and the aggregate model's
-    prediction and entropy maps."""
+def run_figure(exp, path: str | Path | None = None, n: int = FIGURE_IMAGES):
+    """One run's figure (``exp``: a RoundView or a restored Experiment): ``n`` fixed test
+    images, their truth and the aggregate model's prediction and entropy maps; written to
+    ``path``, or returned as a figure when ``path`` is None."""
     index = figure_images(exp.data, n)
     data = exp.data
     return qualitative_figure(data.x_test[index], data.y_test[index],

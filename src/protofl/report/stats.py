@@ -9,8 +9,8 @@ import matplotlib
 import numpy as np
 
 from protofl.data.federated import FederatedData
-from protofl.engine import runfolder
 from protofl.engine.callbacks import Callback
+from protofl.engine.runfolder import RunStore, write_json
 from protofl.report.canvas import subplots
 
 
@@ -23,13 +23,9 @@ def partition_summary(data: FederatedData) -> dict:
     return s
 
 
-def write_stats(data: FederatedData, out: Path) -> dict:
-    """``stats.json`` and ``stats.png`` (classes per client, samples per client, samples per
-    class of the first 30 clients) in ``out``; returns the statistics."""
-    s = partition_summary(data)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    runfolder.write_json(out / "stats.json", s)
+def stats_figure(data: FederatedData, s: dict):
+    """The figure of ``stats.png``: classes per client, samples per client, samples per class
+    of the first 30 clients (``s``: :func:`partition_summary`)."""
     hist = [s["clients_with_n_classes"].get(n, 0) for n in range(1, data.num_classes + 1)]
     fig, axes = subplots(1, 3, figsize=(13, 3.4))
     fig.subplots_adjust(left=0.05, right=0.99, bottom=0.16, top=0.88, wspace=0.25)  # fast
@@ -48,7 +44,21 @@ def write_stats(data: FederatedData, out: Path) -> dict:
     axes[2].set_xlabel("client")
     axes[2].set_ylabel("samples per class")
     fig.suptitle(f"{s['dataset']} partition")
-    fig.savefig(out / "stats.png", dpi=100)
+    return fig
+
+
+def write_stats(data: FederatedData, out: Path | RunStore) -> dict:
+    """``stats.json`` and ``stats.png`` in ``out`` (a run folder's store, or any folder:
+    ``protofl datasets --stats --out``); returns the statistics."""
+    s = partition_summary(data)
+    if isinstance(out, RunStore):
+        out.write_json("stats.json", s)
+        out.save_figure("stats.png", stats_figure(data, s))
+        return s
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "stats.json", s)
+    stats_figure(data, s).savefig(out / "stats.png", dpi=100)
     return s
 
 
@@ -72,14 +82,11 @@ def partition_stats(data: FederatedData, out: Path | None = None) -> str:
 class PartitionStats(Callback):
     """Writes a run folder's ``stats.json`` and ``stats.png`` when a run starts (a resumed
     run keeps them), so every run folder, and ``protofl report``, has its partition
-    statistics (not in site mode, where the server holds no client rows). Comes after
-    ``RunFolder``, which prepares the folder."""
+    statistics (not in site mode, where the server holds no client rows); written through
+    the run's store, which has prepared the folder."""
 
-    def __init__(self, out: Path):
-        self.out = Path(out)
-
-    def on_run_start(self, exp) -> None:
-        if not len(exp.data.y_train):
+    def on_run_start(self, view) -> None:
+        if view.store is None or not len(view.data.y_train):
             return
-        if exp.round == 0 or not (self.out / "stats.json").exists():
-            write_stats(exp.data, self.out)
+        if view.round == 0 or view.store.read_json("stats.json") is None:
+            write_stats(view.data, view.store)

@@ -74,6 +74,8 @@ class TensorBoardTracker:
         self.writer = None
 
     def start(self, config: dict, folder: Path) -> None:
+        """Start writing into ``folder/tensorboard`` (the place a run folder's store lends it:
+        ``RunStore.place``) unless the tracker was given its own ``logdir``."""
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
@@ -191,46 +193,45 @@ class Tracking(Callback):
     the summary and plots (so MLflow gets them as artefacts). ``tracking.json`` in the run
     folder keeps the MLflow run (store and id) and the last round logged: a resumed run
     continues the same MLflow run and logs no round twice. A fresh run clears the TensorBoard
-    event files a replaced run left. Comes after ``RunFolder`` and ``PlotRun``."""
+    event files a replaced run left. Reads and writes the folder through the run's store;
+    finishes after the store's summary and ``PlotRun``'s figures."""
 
-    def __init__(self, out: Path):
-        self.out = Path(out)
+    def __init__(self) -> None:
+        self.store: Any = None
         self.trackers: dict[str, Any] = {}
         self.state: dict[str, Any] = {}
 
-    def on_run_start(self, exp) -> None:
-        names = list(dict.fromkeys(exp.cfg.tracking))
-        if not names:
+    def on_run_start(self, view) -> None:
+        names = list(dict.fromkeys(view.cfg.tracking))
+        if not names or view.store is None:
             return
         require(names)
-        path = self.out / STATE
-        prev = json.loads(path.read_text()) if exp.round and path.exists() else {}
+        self.store = store = view.store
+        prev = (store.read_json(STATE) or {}) if view.round else {}
         self.state = {"logged_round": prev.get("logged_round", 0)}
         for name in names:
             if name == "mlflow":
                 old = prev.get("mlflow", {})
-                tracker: Any = make_tracker(name, old.get("uri") or exp.cfg.tracking_dir,
-                                            "/".join(self.out.parts[-3:]), old.get("run_id"))
+                tracker: Any = make_tracker(name, old.get("uri") or view.cfg.tracking_dir,
+                                            "/".join(store.out.parts[-3:]), old.get("run_id"))
             else:
                 tracker = make_tracker(name)
-                if not exp.round:
-                    for stale in (self.out / "tensorboard").glob("events.out.tfevents.*"):
-                        stale.unlink()
-            tracker.start(exp.cfg.to_dict(), self.out)
+                store.place("tensorboard", None if view.round else "events.out.tfevents.*")
+            tracker.start(view.cfg.to_dict(), store.out)
             if name == "mlflow":
                 self.state["mlflow"] = {"uri": tracker.uri, "run_id": tracker.run_id}
             self.trackers[name] = tracker
-        runfolder.write_json(path, self.state)
+        store.write_json(STATE, self.state)
 
-    def on_round_end(self, exp, record) -> None:
+    def on_round_end(self, view, record) -> None:
         t = record["round"]
-        if not self.trackers or not exp.evaluating(t) or t <= self.state["logged_round"]:
+        if not self.trackers or not view.evaluating(t) or t <= self.state["logged_round"]:
             return  # a resumed run recomputes rounds it had already logged
         for tracker in self.trackers.values():
             tracker.log_round(record)
         self.state["logged_round"] = t
-        runfolder.write_json(self.out / STATE, self.state)
+        self.store.write_json(STATE, self.state)
 
-    def on_run_end(self, exp, summary) -> None:
+    def on_run_end(self, view, summary) -> None:
         for tracker in self.trackers.values():
-            tracker.finish(self.out)
+            tracker.finish(self.store.out)

@@ -13,6 +13,7 @@ import torch
 from protofl import tasks
 from protofl.algorithms.base import Tensors, features
 from protofl.data.federated import FederatedData
+from protofl.engine.runfolder import RunStore
 from protofl.errors import ProtoflError
 from protofl.report.canvas import subplots
 from protofl.report.runs import restored
@@ -97,6 +98,4 @@ def tsne_plot(folder: Path, samples: int = 1000, seed: int = 0) -> Path:
     ax.set_xticks([])
     ax.set_yticks([])
     fig.tight_layout()
-    path = folder / "tsne.png"
-    fig.savefig(path, dpi=100)
-    return path
+    return RunStore(folder).save_figure("tsne.png", fig)
