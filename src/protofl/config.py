@@ -250,8 +250,9 @@ class MetricsConfig:
     train_loss_samples: int = option(2000, "training loss of the aggregate model on a seeded "
                                            "sample of up to this many rows (0: off)", ge=0)
     eval_batch: int = option(256, "evaluation batch size", ge=1)
-    every: int = option(5, "costly figures (training loss, gradient dissimilarity) on evaluated "
-                           "rounds that are a multiple of N, and the last (0: never)", ge=0)
+    every: int = option(5, "costly figures (training loss, gradient dissimilarity, and with an "
+                           "aggregate model the clients' local accuracy) on evaluated rounds "
+                           "that are a multiple of N, and the last (0: never)", ge=0)
     save_weights: bool | None = option(
         None, "keep the aggregate weights of every round in weights/round_NNNN.safetensors "
               "(an FFD reference); null: true for central, else false", fallback=False)

@@ -190,17 +190,23 @@ class Amm(Callback):
 class TestMetrics(Callback):
     """Accuracy, loss and the classification report of the aggregate model on the global test
     set, and each client's accuracy on its local test split (personalised methods: with its
-    own model, all clients' predictions pooled into the report)."""
+    own model, all clients' predictions pooled into the report). Scoring every client's
+    split is work over all K clients: with an aggregate model it is done at the costly
+    figures' rounds (``metrics.every``, and the last); a personalised method's figures are
+    its clients', so every evaluated round."""
 
     def on_evaluate(self, exp, record):
         alg, data, state = exp.alg, exp.data, exp.state
         batch = exp.cfg.metrics.eval_batch
         weights = alg.global_weights(state)
+        own = weights is None or personalized(alg)
         with exp.autocast():
             if weights is not None:
                 record.update(fm.evaluate(alg, alg.model, weights["params"], weights["buffers"],
                                           state, data.x_test, data.y_test, data.num_classes,
                                           batch, data.inputs, data.class_names))
+            if not (own or costly_due(exp, record)):
+                return
             preds = hetero.client_predictions(alg, state, data, exp.client_states, batch)
         record.update(fm.client_figures(preds, data.num_classes, pooled=personalized(alg)))
 

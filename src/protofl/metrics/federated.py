@@ -292,8 +292,9 @@ def gradient_dissimilarity(model: ProtoNet, params: Tensors, buffers: Tensors,
 
 
 def expensive_due(round_: int, every: int, last: int) -> bool:
-    """Whether the costly figures (training loss, gradient dissimilarity) are computed at
-    round ``round_``: every ``every``-th round and the last one; ``every`` 0: never."""
+    """Whether the costly figures (training loss, gradient dissimilarity, local accuracy) are
+    computed at round ``round_``: every ``every``-th round and the last one; ``every`` 0:
+    never."""
     return every > 0 and (round_ % every == 0 or round_ == last)
 
 
