@@ -246,8 +246,20 @@ def test_costly_metrics_every_n_rounds_and_the_last():
     assert ["train_loss" in r for r in records] == [False, True, True]
     assert ["dissimilarity" in r for r in records] == [False, True, True]
     assert all("accuracy" in r and "amm" in r for r in records)
+    # every client's local split scored at the costly rounds only (an aggregate model)
+    assert ["local_accuracy" in r for r in records] == [False, True, True]
     off = Experiment(config_for_metrics({"every": 0}, rounds=1)).step()
     assert "train_loss" not in off and "dissimilarity" not in off and "accuracy" in off
+
+
+def test_a_personalised_method_scores_its_clients_every_evaluated_round():
+    import dataclasses
+
+    from protofl.engine.experiment import Experiment
+
+    cfg = dataclasses.replace(config_for_metrics({"every": 2}, rounds=3), algorithm="fedproto")
+    exp = Experiment(cfg)
+    assert all("local_accuracy" in exp.step() for _ in range(3))
 
 
 def test_a_figure_switched_off_leaves_no_key():
