@@ -66,7 +66,8 @@ def test_the_cost_model_by_hand():
     # a graph's call overhead shared by its COMPILED_STEPS steps
     step = lambda m: k["compiled"] / costs.COMPILED_STEPS + m * (  # noqa: E731
         k["compiled_client"] + arith)
-    run = 3 * step(1) + 2 * step(3)
+    # 5 steps: a window of 8 padded with 3 steps at the tail's width (1 client)
+    run = 3 * step(1) + 2 * step(3) + 3 * step(1)
     assert costs.compiled_seconds(w) == pytest.approx(run + 2 * k["compile"])
     assert costs.compiled_seconds(w, frozenset({1})) == pytest.approx(run + k["compile"])
     long = costs.Work((2, 5, 2), 10, 2e5, rounds_left=100)

@@ -169,10 +169,14 @@ def bucket(n: int, most: int) -> int:
 
 
 def compiled_seconds(work: Work, compiled: frozenset[int] = frozenset()) -> float:
-    """The compiled trainer's estimate: its steps, and the compile of each stack size it needs
-    that is not in ``compiled`` yet, spread over the rounds left."""
+    """The compiled trainer's estimate: its steps (the last window padded to
+    ``COMPILED_STEPS``), and the compile of each stack size it needs that is not in
+    ``compiled`` yet, spread over the rounds left."""
     most = len(work.steps)
-    sizes = {bucket(n, most) for _, n in work.active()} - compiled
-    run = sum(steps * compiled_step(work, bucket(n, most)) for steps, n in work.active())
+    active = work.active()
+    sizes = {bucket(n, most) for _, n in active} - compiled
+    run = sum(steps * compiled_step(work, bucket(n, most)) for steps, n in active)
+    pad = -max(work.steps) % COMPILED_STEPS  # steps no client has, at the tail's width
+    run += pad * compiled_step(work, bucket(active[0][1], most)) if active else 0.0
     return run + len(sizes) * work.constants()["compile"] / work.rounds_left
 
