@@ -58,3 +58,12 @@ def tiny_digits():
         return exp, exp.run()
 
     return run
+
+
+@pytest.fixture
+def float64():
+    """Tensors in float64 for the test (the trainers' equivalence at 1e-9)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)

@@ -188,10 +188,3 @@ def test_auto_gives_the_sequential_results(float64):
     assert_results_equal(SequentialTrainer().train(rc), auto.train(rc))
     assert auto.chosen in (["vectorized"], ["sequential"])
 
-
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)

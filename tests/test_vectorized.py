@@ -22,13 +22,6 @@ from protofl.nested import flatten
 C = 3
 
 
-@pytest.fixture
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
 
 def federation(sizes=(13, 3, 9, 22)):
     g = torch.Generator().manual_seed(0)
