@@ -140,7 +140,7 @@ step pytest-gpu 100 pytest.txt "$PY" -m pytest -q -m gpu tests/test_gpu.py -p no
   "${XDIST[@]}"
 
 SPEED=("$PY" benchmarks/speed.py --quick --no-memory --device "$DEVICE" --jsonl "$FIG")
-VARIANTS=auto,loop,floor
+VARIANTS=auto,compiled,loop,floor  # compiled: windows of steps as CUDA graphs
 [ "$FLOWER" = 0 ] && VARIANTS=$VARIANTS,flower || log "no Flower here: 'vs flower' skipped"
 if [ "$DRY" = 1 ]; then
   step speed-mlp 240 speed.txt "${SPEED[@]}" --workloads mlp --variants auto,loop \

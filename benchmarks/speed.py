@@ -14,9 +14,11 @@ size, SGD learning rate):
   ``threads: null``): for the CNN on a multi-core CPU the parallel trainer (one worker process
   per core, vectorized within each), for the MLP the vectorized trainer; + FedAvg aggregation.
   The ``[workload] vs ...`` lines are this variant's;
-- ``vectorized``, ``sequential``, ``parallel``, ``parallel-sequential``: protofl's trainers
-  forced (``engine/vectorized.py``, ``engine/train.py``, ``engine/parallel.py``; the parallel
-  trainer's workers vectorized where the model allows, or sequential);
+- ``vectorized``, ``compiled``, ``sequential``, ``parallel``, ``parallel-sequential``:
+  protofl's trainers forced (``engine/vectorized.py``, ``engine/compiled.py`` — windows of
+  steps compiled by ``torch.compile``, on CUDA replayed as CUDA graphs —, ``engine/train.py``,
+  ``engine/parallel.py``; the parallel trainer's workers choose their in-process trainer per
+  round, or are sequential);
 - ``loop``: a plain PyTorch loop as research code writes it: deepcopy the global model per
   client, an optimizer per client, a DataLoader over a TensorDataset per client, then a
   weighted average of the state dicts;

@@ -20,7 +20,8 @@ WORKLOADS = {
     "deeplab": {"title": "DeepLab-V3+ on Shapes 64 px", "clients": 4, "steps": 10, "batch": 8},
 }
 LR = 0.05
-VARIANTS = ("auto", "vectorized", "parallel", "sequential", "loop", "flower", "floor")
+VARIANTS = ("auto", "vectorized", "compiled", "parallel", "sequential", "loop", "flower",
+            "floor")
 MNIST_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "mnist.yaml"
 
 
