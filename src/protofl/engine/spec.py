@@ -24,6 +24,7 @@ from protofl.data.registry import dataset_spec, dataset_task
 from protofl.engine import hetero
 from protofl.engine.parallel import resolve_workers, usable_cores
 from protofl.engine.schedule import step_budget
+from protofl import sizes
 from protofl.errors import ProtoflError
 from protofl.models.registry import DEEPLAB_KEYS, build_model, check_model_config
 
@@ -86,6 +87,49 @@ def meta_algorithm(spec: Config, data: FederatedData):
             return hetero.make(spec, data)
         model = build_model(spec.model.name, data.input_shape, data.num_classes, spec.model)
         return algorithm_class(spec.algorithm)(spec.algo, model, data.num_classes), spec.model
+
+
+def check_sizes(spec: RunSpec, data: FederatedData, train_data: FederatedData,
+                device: torch.device | str) -> None:
+    """Refuse, with one line naming the key and the bytes, a run whose model, server state,
+    uploads, batch schedule, batches or confusion matrix cannot fit the memory of ``device``
+    (and the host): sized from its algorithm built on the meta device, before anything is
+    allocated (``protofl/sizes.py``)."""
+    alg, _ = meta_algorithm(spec, data)
+    total = sizes.model_bytes(alg, spec)
+    sizes.check(sizes.run_needs(spec, data, train_data, alg,
+                                lambda: size_source(spec, data, total)), device)
+
+
+def size_source(spec: RunSpec, data: FederatedData, nbytes: int) -> tuple[str, object]:
+    """The key (and its value) a model of ``nbytes`` (``sizes.model_bytes``) owes its size to:
+    the set option whose default shrinks it most; else the data (its classes and inputs)."""
+    cls = algorithm_class(spec.algorithm)
+    defaults = {name: default for name, _, default, _ in declared(cls.Options)}
+    candidates = [(f"model.{k}", getattr(spec.model, k), dataclasses.replace(
+        spec, model=dataclasses.replace(spec.model, **{k: None})))
+        for k in ("feature_dim", "seg_channels", "width") if getattr(spec.model, k)]
+    candidates += [(f"algo.{k}", v, dataclasses.replace(spec, algo={**spec.algo,
+                                                                    k: defaults[k]}))
+                   for k, v in spec.algo.items()
+                   if isinstance(v, int | float) and not isinstance(v, bool)
+                   and k in defaults and v != defaults[k]]
+    if spec.clients.per_round > 1:
+        candidates.append(("clients.per_round", spec.clients.per_round, dataclasses.replace(
+            spec, clients=dataclasses.replace(spec.clients, per_round=1))))
+    best, found = 0, None
+    for key, value, other in candidates:
+        try:
+            smaller = nbytes - sizes.model_bytes(meta_algorithm(other, data)[0], other)
+        except Exception:  # noqa: BLE001 - a default that does not build names nothing
+            continue
+        if smaller > best:
+            best, found = smaller, (key, value)
+    if found is not None:
+        return found
+    where = spec.data.root or spec.data.name
+    return ("data.root" if spec.data.root else "data.name",
+            f"{where} ({data.num_classes} classes, inputs {tuple(data.input_shape)})")
 
 
 def auto_threads(parameters: int) -> int:
