@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from protofl import sizes
 from protofl.algorithms.registry import ALGORITHMS, algorithm_class
 from protofl.config import Config, DataConfig, ModelConfig, build, declared
 from protofl.data.federated import FederatedData
@@ -24,7 +25,6 @@ from protofl.data.registry import dataset_spec, dataset_task
 from protofl.engine import hetero
 from protofl.engine.parallel import resolve_workers, usable_cores
 from protofl.engine.schedule import step_budget
-from protofl import sizes
 from protofl.errors import ProtoflError
 from protofl.models.registry import DEEPLAB_KEYS, build_model, check_model_config
 
