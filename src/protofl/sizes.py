@@ -211,8 +211,11 @@ def model_bytes(alg, spec) -> int:
     models = groups.models if groups is not None else [alg.model]
     held = sum(module_bytes(m)[1] for m in models)
     train = max(module_bytes(m)[0] for m in models) * (1 + optimizer_copies(spec.clients))
-    with torch.device("meta"):  # the state's tables are sized, not allocated
-        state = tree_bytes(alg.init_state(alg.model))
+    try:  # the state's tables sized, not allocated; the caller's generator untouched
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            state = tree_bytes(alg.init_state(alg.model))
+    except Exception:  # noqa: BLE001 - an init_state that needs values: the weights, at least
+        state = held
     upload = sum(numel(e.shape) * FLOAT for e in alg.upload_spec().values())
     return held + state + train + spec.clients.per_round * upload
 
