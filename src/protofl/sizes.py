@@ -43,6 +43,7 @@ MEMORY_ENV = "PROTOFL_MEMORY_MB"
 TENSOR_BYTES = 64  # at least this much per small tensor held in a list (object + storage)
 CONFUSION_ENTRY = 24  # bytes per cell: int64 counts + the Python list and JSON of summary.json
 FLOAT = 4  # float32 inputs, weights and logits
+OVERFLOW = 2**63  # bytes of a size torch cannot count
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,19 @@ def check_task(cfg: Config) -> str:
 
 def meta_algorithm(spec: Config, data: FederatedData):
     """The run's algorithm with its model(s) built on the meta device (no memory, no weights
-    file read, no random draw); for a heterogeneous run also its resolved model section."""
+    file read, no random draw); for a heterogeneous run also its resolved model section. A
+    size beyond what torch can count (over 2^63 bytes) is one line naming its key."""
+    try:
+        return _meta_algorithm(spec, data)
+    except RuntimeError as e:
+        if "overflow" not in str(e):
+            raise
+        key, value = size_source(spec, data, sizes.OVERFLOW)
+        raise ProtoflError(f"config: {key} = {value}: the model's tensors would take more "
+                           f"than 2^63 bytes (torch cannot count them); lower {key}") from None
+
+
+def _meta_algorithm(spec: Config, data: FederatedData):
     spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, pretrained=None))
     with torch.device("meta"):
         if hetero.requested(spec.model):
@@ -120,7 +132,7 @@ def size_source(spec: RunSpec, data: FederatedData, nbytes: int) -> tuple[str, o
     best, found = 0, None
     for key, value, other in candidates:
         try:
-            smaller = nbytes - sizes.model_bytes(meta_algorithm(other, data)[0], other)
+            smaller = nbytes - sizes.model_bytes(_meta_algorithm(other, data)[0], other)
         except Exception:  # noqa: BLE001 - a default that does not build names nothing
             continue
         if smaller > best:
