@@ -490,9 +490,14 @@ def bounded(seconds: int, headroom: int = 4 << 30):
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
-def test_a_huge_prototype_size_of_a_heterogeneous_family_is_one_line(tmp_path, capsys):
+AS_ON_16_GIB = str(16 << 10)  # $PROTOFL_MEMORY_MB: the host memory the guard sees
+
+
+def test_a_huge_prototype_size_of_a_heterogeneous_family_is_one_line(tmp_path, capsys,
+                                                                      monkeypatch):
     """d = 10^8 on digits: 10^8-wide feature layers (about a terabyte) were allocated, and
     the allocator's 40-line traceback was all the user saw."""
+    monkeypatch.setenv("PROTOFL_MEMORY_MB", AS_ON_16_GIB)
     with bounded(60):
         code, line = cli(capsys, "run", "--dataset", "digits", "--algorithm", "fedproto",
                          "--set", "model.family=htfe-cnn", "--set", "model.feature_dim=100000000",
@@ -502,9 +507,11 @@ def test_a_huge_prototype_size_of_a_heterogeneous_family_is_one_line(tmp_path, c
     assert "lower model.feature_dim" in line and not (tmp_path / "run").exists()
 
 
-def test_a_leaf_label_of_99999_is_sized_before_the_run_not_by_the_allocator(tmp_path, capsys):
+def test_a_leaf_label_of_99999_is_sized_before_the_run_not_by_the_allocator(tmp_path, capsys,
+                                                                           monkeypatch):
     """Labels 0, 1, 2 and one 99999: 100,000 classes (under leaf.py's cap), whose C x C
     confusion matrix (and its JSON) grew the process until it was killed."""
+    monkeypatch.setenv("PROTOFL_MEMORY_MB", AS_ON_16_GIB)
     leaf_folder(tmp_path / "d", [[0, 1, 2], [99_999, 2, 1], [1, 0, 2]])
     with bounded(60):
         code, line = cli(capsys, "run", "--dataset", "leaf", "--set",
@@ -512,6 +519,7 @@ def test_a_leaf_label_of_99999_is_sized_before_the_run_not_by_the_allocator(tmp_
     assert code == 2 and f"data.root = {tmp_path / 'd'}" in line
     assert "confusion matrix of its 100000 classes (4 of them present" in line
     assert "(240000000000 bytes)" in line and "number the classes 0, 1, 2" in line
+    assert "more than the 16.0 GiB of memory this machine has available" in line
 
 
 def test_a_label_outside_the_declared_classes_is_one_line_before_any_array(tmp_path):

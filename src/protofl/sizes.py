@@ -19,9 +19,10 @@ one pool (host memory, or the memory of the run's CUDA device) with what is avai
   ``engine/federation.build`` calls ``check_run`` with them, so the simulator and every
   Flower node refuse the same configs.
 
-Available memory: ``$PROTOFL_MEMORY_MB`` if set (tests, or a share of a machine), else the
-host's ``MemAvailable`` (``/proc/meminfo``; the cgroup's limit when lower; the physical memory
-where neither is readable); on CUDA the device's free memory (``device.memory_info``).
+Available memory: host memory is ``$PROTOFL_MEMORY_MB`` if set (tests, or a share of a
+machine), else ``MemAvailable`` (``/proc/meminfo``; what the cgroup's limit leaves when
+lower; the physical memory where neither is readable); a CUDA device's is its free memory
+(``device.memory_info``).
 """
 
 from __future__ import annotations
@@ -119,13 +120,7 @@ def available(device: torch.device | str | None = None) -> tuple[int, str]:
     info = devices.memory_info(device) if device is not None else None
     if info is None:
         return host_available(), "this machine"
-    mb = os.environ.get(MEMORY_ENV)
-    free = int(float(mb) * (1 << 20)) if mb else info[0]
-    return free, f"{device}"
-
-
-def shown(value: Any) -> str:
-    return str(value) if not isinstance(value, str) else value
+    return info[0], str(device)
 
 
 def check(needs: Iterable[Need], device: torch.device | str | None = None) -> None:
@@ -150,7 +145,7 @@ def check(needs: Iterable[Need], device: torch.device | str | None = None) -> No
         rest = (f" ({human(total)} with the rest of the run)"
                 if human(total) != human(worst.nbytes) else "")
         raise ProtoflError(
-            f"config: {worst.key} = {shown(worst.value)}: {worst.what} would take "
+            f"config: {worst.key} = {worst.value}: {worst.what} would take "
             f"{human(worst.nbytes)} ({worst.nbytes} bytes){rest}, more than the {human(free)} "
             f"of memory {where} has available; {worst.fix or 'lower ' + worst.key}")
 
