@@ -233,8 +233,8 @@ def run_needs(spec, data, train_data, alg, explain: Callable[[], tuple[str, Any]
     once, with ``alg`` built on the meta device. ``explain()`` names the key (and value) the
     model's size comes from; it is called only when that need is the one refused."""
     c, C = spec.clients, data.num_classes
-    sizes = np.asarray(train_data.train_sizes) if train_data.num_clients else np.zeros(1)
-    rows = int(sizes.max()) if len(sizes) else 0
+    known = train_data.sizes_known and train_data.num_clients  # a site's: once nodes join
+    rows = int(np.asarray(train_data.train_sizes).max()) if known else 0
     row = numel(data.input_shape)
     scores = C * (numel(data.input_shape[1:]) if data.task == "segmentation" else 1)
     units = c.local_steps or c.local_epochs or 1
