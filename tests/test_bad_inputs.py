@@ -567,6 +567,24 @@ def test_byte_estimates_by_hand(monkeypatch):
                      sizes.Need("x.j", 1, 1 << 19, "half")])
 
 
+def test_on_cuda_what_lives_on_the_device_is_checked_against_its_free_memory(monkeypatch):
+    from protofl import device as devices
+    from protofl import sizes
+
+    monkeypatch.setattr(devices, "memory_info",  # a CUDA device with 1 MiB free
+                        lambda d: (1 << 20, 80 << 30) if str(d).startswith("cuda") else None)
+    monkeypatch.setenv(sizes.MEMORY_ENV, "5.5")  # and 5.5 MiB of host memory
+    model = sizes.Need("model.feature_dim", 9, 2 << 20, "the model", device=True)
+    schedule = sizes.Need("clients.local_steps", 9, 3 << 20, "a schedule")
+    sizes.check([model, schedule])  # a CPU run: 5 MiB of host memory, both fit
+    with pytest.raises(ProtoflError, match="local_steps = 9: a schedule would take 3.0 MiB"):
+        sizes.check([model, schedule, sizes.Need("x", 1, 1 << 20, "more")])
+    sizes.check([schedule], "cuda:0")  # the host holds the schedule: fits
+    with pytest.raises(ProtoflError, match=r"model\.feature_dim = 9: the model would take "
+                                           r"2\.0 MiB .* the 1\.0 MiB of memory cuda:0 has"):
+        sizes.check([model, schedule], "cuda:0")
+
+
 def integer_options() -> list[tuple[str, str]]:
     """(key, algorithm or "") of every integer option `protofl options` lists."""
     from protofl.doctables import options_markdown

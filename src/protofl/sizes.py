@@ -16,8 +16,8 @@ one pool (host memory, or the memory of the run's CUDA device) with what is avai
   (no memory): the model(s), the server state (prototype tables included), one client's
   training copy and optimizer state, a round's uploads, one client's batch schedule, a
   training and an evaluation batch, and the confusion matrix of its classes.
-  ``engine/federation.build`` calls ``check_run`` with them, so the simulator and every
-  Flower node refuse the same configs.
+  ``engine/federation.build`` checks them (``engine.spec.check_sizes``) after resolving and
+  before building, so the simulator and every Flower node refuse the same configs.
 
 Available memory: host memory is ``$PROTOFL_MEMORY_MB`` if set (tests, or a share of a
 machine), else ``MemAvailable`` (``/proc/meminfo``; what the cgroup's limit leaves when
