@@ -13,3 +13,10 @@ class GlobalNorm(Callback):
         if weights is not None:
             record["weight_norm"] = float(sum(v.pow(2).sum() for v in
                                               weights["params"].values()) ** 0.5)
+
+
+class StopAfterFirstRound(Callback):
+    """Ends a run after its first round (a test's run budget: ``rounds`` of 2^31 runs one)."""
+
+    def on_round_end(self, exp, record):
+        exp.stopped = "the test's budget of one round"

@@ -22,7 +22,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 # bottom to top: a module may import its own layer's modules and those of lower layers
 LAYERS = [
-    {"errors", "config", "seeding", "nested", "tasks", "device", "provenance"},
+    {"errors", "config", "seeding", "nested", "tasks", "device", "provenance", "sizes"},
     {"data"},
     {"models"},
     {"algorithms", "privacy"},

@@ -4,12 +4,16 @@ already written is lost. Every run here is one or two rounds of a few tiny clien
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
 import math
 import os
+import re
+import resource
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -453,3 +457,198 @@ def test_the_flower_server_logs_its_result_and_its_error_as_one_line(monkeypatch
         server_app.serve(None, context, cfg=object())
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
         "protofl: error: flower: num-partitions = 2 but synthetic(1,1) has 30 clients"]
+
+
+# ---- issue 32: sizes checked before memory is taken ----
+
+class TookTooLong(BaseException):
+    """A case ran past its budget (a BaseException: no handler of the code under test
+    catches it)."""
+
+
+@contextlib.contextmanager
+def bounded(seconds: int, headroom: int = 4 << 30):
+    """Run the body at most ``seconds`` (SIGALRM raises TookTooLong) and with at most
+    ``headroom`` more bytes of data memory (RLIMIT_DATA), so a size that reaches the
+    allocator fails fast instead of growing the test process until it is killed."""
+    if not hasattr(signal, "SIGALRM") or not Path("/proc/self/status").is_file():
+        pytest.skip("needs SIGALRM and /proc")
+    used = next(int(line.split()[1]) * 1024 for line in
+                Path("/proc/self/status").read_text().splitlines()
+                if line.startswith("VmData:"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = used + headroom if hard == resource.RLIM_INFINITY else min(hard, used + headroom)
+
+    def alarm(signum, frame):
+        raise TookTooLong(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+AS_ON_16_GIB = str(16 << 10)  # $PROTOFL_MEMORY_MB: the host memory the guard sees
+
+
+def test_a_huge_prototype_size_of_a_heterogeneous_family_is_one_line(tmp_path, capsys,
+                                                                      monkeypatch):
+    """d = 10^8 on digits: 10^8-wide feature layers (about a terabyte) were allocated, and
+    the allocator's 40-line traceback was all the user saw."""
+    monkeypatch.setenv("PROTOFL_MEMORY_MB", AS_ON_16_GIB)
+    with bounded(60):
+        code, line = cli(capsys, "run", "--dataset", "digits", "--algorithm", "fedproto",
+                         "--set", "model.family=htfe-cnn", "--set", "model.feature_dim=100000000",
+                         "--out", str(tmp_path / "run"), *TINY)
+    assert code == 2 and "model.feature_dim = 100000000" in line
+    assert re.search(r"would take [\d.]+ [KMGTP]iB \(\d{12,} bytes\)", line), line
+    assert "lower model.feature_dim" in line and not (tmp_path / "run").exists()
+
+
+def test_a_leaf_label_of_99999_is_sized_before_the_run_not_by_the_allocator(tmp_path, capsys,
+                                                                           monkeypatch):
+    """Labels 0, 1, 2 and one 99999: 100,000 classes (under leaf.py's cap), whose C x C
+    confusion matrix (and its JSON) grew the process until it was killed."""
+    monkeypatch.setenv("PROTOFL_MEMORY_MB", AS_ON_16_GIB)
+    leaf_folder(tmp_path / "d", [[0, 1, 2], [99_999, 2, 1], [1, 0, 2]])
+    with bounded(60):
+        code, line = cli(capsys, "run", "--dataset", "leaf", "--set",
+                         f"data.root={tmp_path / 'd'}", "--out", str(tmp_path / "run"), *TINY)
+    assert code == 2 and f"data.root = {tmp_path / 'd'}" in line
+    assert "confusion matrix of its 100000 classes (4 of them present" in line
+    assert "(240000000000 bytes)" in line and "number the classes 0, 1, 2" in line
+    assert "more than the 16.0 GiB of memory this machine has available" in line
+
+
+def test_a_label_outside_the_declared_classes_is_one_line_before_any_array(tmp_path):
+    from protofl.data.federated import from_ranges
+
+    x, y = torch.zeros(6, 2), torch.tensor([0, 1, 2, 0, 2**31, 1])
+    with pytest.raises(ProtoflError, match=r"^d: a training label of 2147483648 is outside "
+                                           r"the 3 classes 0 \.\. 2 the data declares$"):
+        from_ranges("d", 3, x, y, [3, 3], local_test_fraction=0.0)
+    with pytest.raises(ProtoflError, match="a test label of -1 is outside the 3 classes"):
+        from_ranges("d", 3, x, y.clamp(max=2), [3, 3], x[:2], torch.tensor([0, -1]), 0.0)
+    assert from_ranges("d", 3, x, y.clamp(max=2), [3, 3], local_test_fraction=0.0
+                       ).class_counts.tolist() == [[1, 1, 1], [1, 1, 1]]
+
+
+def test_byte_estimates_by_hand(monkeypatch):
+    from types import SimpleNamespace
+
+    from protofl import sizes
+    from protofl.algorithms.registry import make_algorithm
+    from protofl.models.nets import Mlp
+
+    # Mlp 4 -> 5 -> 3: 4*5 + 5 + 5*3 + 3 = 43 float32 weights = 172 bytes
+    alg = make_algorithm("fedavg", {}, Mlp(4, 3, hidden=(5,)), 3)
+    assert sizes.module_bytes(alg.model) == (172, 172)
+    spec = SimpleNamespace(clients=ClientConfig(per_round=2, optimizer="sgd", momentum=0.0))
+    # the model 172 + its server state 172 + a client's weights and gradients 2 * 172 + two
+    # uploads of the weights and a sample count, 2 * (172 + 4)
+    assert sizes.model_bytes(alg, spec) == 172 + 172 + 344 + 352
+    adam = SimpleNamespace(clients=ClientConfig(per_round=2, optimizer="adam"))
+    assert sizes.model_bytes(alg, adam) == 172 + 172 + 4 * 172 + 352  # + two moments
+    # 3 epochs of 100 rows in batches of 10: 300 int64 indices and 30 batch tensors
+    assert sizes.schedule_bytes(100, 3, 10, by_steps=False) == 3 * (800 + 10 * 64)
+    assert sizes.schedule_bytes(100, 7, 10, by_steps=True) == 7 * (10 * 8 + 64)
+    assert sizes.schedule_bytes(4, 7, 10, by_steps=True) == 7 * (4 * 8 + 64)  # batch <= rows
+    assert sizes.human(512) == "512 B" and sizes.human(3 << 29) == "1.5 GiB"
+    monkeypatch.setenv(sizes.MEMORY_ENV, "1")  # 1 MiB available
+    assert sizes.host_available() == 1 << 20
+    sizes.check([sizes.Need("x.k", 5, 1 << 19, "half"), sizes.Need("x.j", 1, 1 << 19, "half")])
+    with pytest.raises(ProtoflError, match=r"^config: x\.k = 5: a table would take 1\.0 MiB "
+                                           r"\(1048576 bytes\) \(1\.5 MiB with the rest of "
+                                           r"the run\), more than the 1\.0 MiB of memory this "
+                                           r"machine has available; lower x\.k$"):
+        sizes.check([sizes.Need("x.k", 5, 1 << 20, "a table"),
+                     sizes.Need("x.j", 1, 1 << 19, "half")])
+
+
+def test_on_cuda_what_lives_on_the_device_is_checked_against_its_free_memory(monkeypatch):
+    from protofl import device as devices
+    from protofl import sizes
+
+    monkeypatch.setattr(devices, "memory_info",  # a CUDA device with 1 MiB free
+                        lambda d: (1 << 20, 80 << 30) if str(d).startswith("cuda") else None)
+    monkeypatch.setenv(sizes.MEMORY_ENV, "5.5")  # and 5.5 MiB of host memory
+    model = sizes.Need("model.feature_dim", 9, 2 << 20, "the model", device=True)
+    schedule = sizes.Need("clients.local_steps", 9, 3 << 20, "a schedule")
+    sizes.check([model, schedule])  # a CPU run: 5 MiB of host memory, both fit
+    with pytest.raises(ProtoflError, match="local_steps = 9: a schedule would take 3.0 MiB"):
+        sizes.check([model, schedule, sizes.Need("x", 1, 1 << 20, "more")])
+    sizes.check([schedule], "cuda:0")  # the host holds the schedule: fits
+    with pytest.raises(ProtoflError, match=r"model\.feature_dim = 9: the model would take "
+                                           r"2\.0 MiB .* the 1\.0 MiB of memory cuda:0 has"):
+        sizes.check([model, schedule], "cuda:0")
+
+
+def integer_options() -> list[tuple[str, str]]:
+    """(key, algorithm or "") of every integer option `protofl options` lists."""
+    from protofl.doctables import options_markdown
+
+    out, algorithm = [], ""
+    for line in options_markdown().splitlines():
+        if line.startswith("## "):
+            found = re.search(r"of `(\w+)`", line)
+            algorithm = found.group(1) if found else ""
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`") and "an integer" in cells[2]:
+            out.append((cells[0].strip("`"), algorithm))
+    return out
+
+
+# where an option matters (the default: fedavg on TINY's three Synthetic clients)
+WHERE = {
+    "model.feature_dim": ["--dataset", "digits", "--algorithm", "fedproto", "--set",
+                          "model.family=htfe-cnn"],
+    "model.seg_channels": ["--dataset", "shapes", "--set", "data.image_size=16"],
+    "data.image_size": ["--dataset", "shapes"],
+    "clients.local_epochs": ["--set", "clients.local_steps=null"],
+}
+TIME_ONLY = {"algo.server_epochs"}  # a round's server epochs cost time, never memory
+EXTREMES = [0, -1, 2**31, 10**12]
+INTEGER_CASES = [(key, alg, v) for key, alg in integer_options() for v in EXTREMES]
+
+
+def test_the_property_covers_every_integer_option():
+    keys = {key for key, _ in integer_options()}
+    assert {"rounds", "clients.local_steps", "model.feature_dim", "algo.max_global",
+            "threads"} <= keys and len(keys) >= 30
+
+
+@pytest.mark.parametrize("key, algorithm, value", INTEGER_CASES,
+                         ids=[f"{k}={v}" for k, _, v in INTEGER_CASES])
+def test_every_integer_option_at_an_extreme_is_refused_in_one_line_or_runs(
+        tmp_path, capsys, monkeypatch, key, algorithm, value):
+    """0, -1, 2^31 and 10^12 for every integer option: one line and exit 2, or a run (of one
+    round at most) that ends; never a traceback, never the allocator's error, never a process
+    that grows past 4 GiB more or runs past 20 s."""
+    from protofl.config import config_from_dict
+    from protofl.engine.federation import build
+    from protofl.report.plots import PlotRun
+    from protofl.report.stats import PartitionStats
+
+    # the run folder's figures are not under test here (and cost a second a run)
+    monkeypatch.setattr(PlotRun, "on_run_end", lambda *a: None)
+    monkeypatch.setattr(PartitionStats, "on_run_start", lambda *a: None)
+    args = ["run", "--out", str(tmp_path / "run"), *TINY, "--rounds", "1",
+            "--set", "callbacks=[callbacks_example:StopAfterFirstRound]",
+            *(["--algorithm", algorithm] if algorithm else []), *WHERE.get(key, []),
+            "--set", f"{key}={value}"]
+    with bounded(20):
+        if key in TIME_ONLY and value > 0:  # sized and built, not run: it would take years
+            raw: dict = {"algorithm": algorithm, "threads": 1,
+                         "data": {"num_clients": 3}, "clients": {"per_round": 2}}
+            apply_set(raw, f"{key}={value}")
+            assert build(config_from_dict(raw)).spec.algo["server_epochs"] == value
+            return
+        code, line = cli(capsys, *args)
+    assert code in (0, 2), line
+    if code == 2:
+        assert str(value) in line or "bytes" in line, line

@@ -35,6 +35,7 @@ SITE_FORMATS = ("imagefolder", "medmnist", "ham10000", "matek19", "mnist", "voc"
                 "hf")
 FLOAT32_MAX = 3.4028234663852886e38  # optimizer steps take their settings as float32
 DEVICES = r"auto|cpu|cuda(:\d+)?|mps"  # what the `device` key accepts
+MAX_THREADS = 4096  # torch takes a thread count as a C int; no machine has more cores
 
 
 @dataclass(frozen=True)
@@ -343,7 +344,7 @@ class Config:
     threads: int | None = option(None, "torch threads of the run (null: 1 for models under a "
                                        "million parameters, else half the usable cores); "
                                        "results are bit-identical only at a fixed count",
-                                 ge=1)
+                                 ge=1, le=MAX_THREADS)
     deterministic: bool = option(False, "CUDA: deterministic kernels only "
                                         "(torch.use_deterministic_algorithms), no TF32, so a "
                                         "run repeats bit for bit on the same GPU and software; "

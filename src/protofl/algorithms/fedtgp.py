@@ -118,7 +118,7 @@ class FedTGP(FedProto):
 
     def init_state(self, model) -> FedTGPState:
         state = super().init_state(model)
-        seed = int(torch.randint(0, 2**31 - 1, ()))  # from the run's seeded global RNG
+        seed = int(torch.randint(0, 2**31 - 1, (), device="cpu"))  # the run's seeded RNG
         d = model.feature_dim
         state["generator"] = init_generator(self.num_classes, d, self.opts.hidden or d,
                                             torch_gen(seed, SERVER, 0))

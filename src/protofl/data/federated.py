@@ -16,6 +16,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from protofl import sizes
 from protofl.data import store
 from protofl.errors import ProtoflError
 
@@ -103,9 +104,14 @@ class FederatedData:
                 self.scale is None or len(self.mean) != len(self.std) or min(self.std) <= 0)):
             raise ProtoflError(f"{self.name}: mean and std need a scale, one value per channel "
                                "each and std > 0")
-        counts = np.zeros((self.num_clients, self.num_classes), dtype=np.int64)
         if self.labels_train is not None and len(self.labels_train) != len(self.y_train):
             raise ProtoflError(f"{self.name}: labels_train does not match the training samples")
+        self.check_labels()
+        sizes.check([sizes.Need("data.num_clients", self.num_clients,
+                                self.num_clients * self.num_classes * 8,
+                                f"the class counts of {self.num_clients} clients x "
+                                f"{self.num_classes} classes")])
+        counts = np.zeros((self.num_clients, self.num_classes), dtype=np.int64)
         y = (self.y_train if self.labels_train is None else self.labels_train).numpy()
         if y.ndim > 1:
             y = _present(y, self.num_classes)
@@ -114,6 +120,19 @@ class FederatedData:
             counts[k] = (part.sum(0) if part.ndim > 1 else
                          np.bincount(part, minlength=self.num_classes))
         self.class_counts = counts  # (K, C) training samples per client and class
+
+    def check_labels(self) -> None:
+        """Every class label (of a classification split, or an image's object class) lies in
+        ``0 .. num_classes - 1``, the classes the data declares: one line naming the split
+        otherwise, before a label indexes or sizes an array (``sizes.check_labels``)."""
+        splits = [("training", self.labels_train), ("local test", self.labels_local_test),
+                  ("test", self.labels_test)]
+        if self.y_train.dim() == 1:
+            splits += [("training", self.y_train), ("local test", self.y_local_test),
+                       ("test", self.y_test)]
+        for split, y in splits:
+            if y is not None:
+                sizes.check_labels(self.name, split, y, self.num_classes)
 
     def inputs(self, x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Model inputs from stored rows (gathered from any split): integer rows as ``dtype``

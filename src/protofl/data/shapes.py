@@ -43,6 +43,7 @@ from protofl.data.federated import FederatedData
 from protofl.data.partition import capped
 from protofl.data.segmentation import mask_federation
 from protofl.errors import ProtoflError
+from protofl.sizes import Need, check
 from protofl.tasks import VOID
 
 SHAPE_CLASSES = ("disc", "ring", "square", "diamond", "triangle", "star", "cross", "bar")
@@ -240,6 +241,9 @@ def macro_lut() -> np.ndarray:
 def _shapes(cfg, macro: bool, version: int = 2) -> FederatedData:
     size = cfg.image_size or SHAPES_SIZE
     n = SHAPES_TRAIN[version]
+    check([Need("data.image_size", size, (n + SHAPES_TEST) * 4 * size * size
+                + n * 3 * size * size * 4,  # uint8 images and masks; float32 while painted
+                f"{n + SHAPES_TEST} generated {size} x {size} images and their masks")])
     x, y, lab = generate_shapes(n, size, seed=TRAIN_SEED, version=version)
     x_test, y_test, lab_test = generate_shapes(SHAPES_TEST, size, seed=TEST_SEED,
                                                version=version)

@@ -6,13 +6,16 @@ import numpy as np
 import torch
 
 from protofl.data.federated import FederatedData, local_test_size
+from protofl.sizes import Need, check
+
+DIM, MIN_SAMPLES = 60, 50  # features of a sample; samples of a client, at least
 
 
 def _clients(alpha: float, beta: float, num_clients: int, dim: int, num_classes: int,
              seed: int):
     """Client sizes, then a generator of each client's (x float32, y int64) in order."""
     rng = np.random.default_rng(seed)
-    sizes = rng.lognormal(4, 2, num_clients).astype(np.int64) + 50
+    sizes = rng.lognormal(4, 2, num_clients).astype(np.int64) + MIN_SAMPLES
     std = np.arange(1, dim + 1, dtype=np.float64) ** (-1.2 / 2)  # sqrt of the diagonal of Sigma
 
     def draws():
@@ -50,7 +53,11 @@ def synthetic_federation(alpha: float = 1.0, beta: float = 1.0, num_clients: int
     draws (i.i.d., so as good as a random pick) are its local test split, the rest its
     training split. Written straight into the two split tensors, so building 10,000 clients
     needs little more memory than the data."""
-    sizes, draws = _clients(alpha, beta, num_clients, 60, 10, seed)
+    check([Need("data.num_clients", num_clients,
+                num_clients * MIN_SAMPLES * (DIM * 4 + 8 + 16),
+                f"Synthetic's {num_clients} clients (each at least {MIN_SAMPLES} samples of "
+                f"{DIM} features)")])
+    sizes, draws = _clients(alpha, beta, num_clients, DIM, 10, seed)
     n_test = np.array([local_test_size(int(n), local_test_fraction) for n in sizes])
     test_offsets = np.concatenate([[0], np.cumsum(n_test)])
     train_offsets = np.concatenate([[0], np.cumsum(sizes - n_test)])

@@ -27,7 +27,7 @@ from protofl.data.federated import FederatedData
 from protofl.data.pipeline import augmentation
 from protofl.data.registry import load_dataset
 from protofl.engine import hetero
-from protofl.engine.spec import RunSpec, resolve, resolve_data
+from protofl.engine.spec import RunSpec, check_sizes, resolve, resolve_data
 from protofl.engine.train import LocalSetup
 from protofl.errors import ProtoflError
 from protofl.models.registry import build_model
@@ -74,6 +74,8 @@ def build(cfg: Config, data: FederatedData | None = None) -> Federation:
     if data is None:
         data = load_dataset(resolve_data(cfg.data), lean=True)  # rows as stored (e.g. uint8)
     spec = resolve(cfg, data)
+    train_data = data.pooled() if spec.data.pooled else data
+    check_sizes(spec, data, train_data, dev)  # before the model is allocated
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         if hetero.requested(spec.model):  # a model per client group (engine/hetero.py)
@@ -91,6 +93,5 @@ def build(cfg: Config, data: FederatedData | None = None) -> Federation:
     if spec.metrics.save_weights and alg.global_weights(state) is None:
         raise ProtoflError(f"config: metrics.save_weights: {alg.name} has no aggregate model "
                            "to save (each client keeps its own)")
-    train_data = data.pooled() if spec.data.pooled else data
     return Federation(spec, data, train_data, alg, dev, server, local_setup(spec, dev), state,
                       rng)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from protofl import sizes
 from protofl.algorithms.registry import ALGORITHMS, algorithm_class
 from protofl.config import Config, DataConfig, ModelConfig, build, declared
 from protofl.data.federated import FederatedData
@@ -79,13 +80,68 @@ def check_task(cfg: Config, spec: DatasetSpec | None = None) -> str:
 
 def meta_algorithm(spec: Config, data: FederatedData):
     """The run's algorithm with its model(s) built on the meta device (no memory, no weights
-    file read, no random draw); for a heterogeneous run also its resolved model section."""
+    file read, no random draw); for a heterogeneous run also its resolved model section. A
+    size beyond what torch can count (over 2^63 bytes) is one line naming its key."""
+    try:
+        return _meta_algorithm(spec, data)
+    except RuntimeError as e:
+        if "overflow" not in str(e):
+            raise
+        key, value = size_source(spec, data, sizes.OVERFLOW)
+        raise ProtoflError(f"config: {key} = {value}: the model's tensors would take more "
+                           f"than 2^63 bytes (torch cannot count them); lower {key}") from None
+
+
+def _meta_algorithm(spec: Config, data: FederatedData):
     spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, pretrained=None))
     with torch.device("meta"):
         if hetero.requested(spec.model):
             return hetero.make(spec, data)
         model = build_model(spec.model.name, data.input_shape, data.num_classes, spec.model)
         return algorithm_class(spec.algorithm)(spec.algo, model, data.num_classes), spec.model
+
+
+def check_sizes(spec: RunSpec, data: FederatedData, train_data: FederatedData,
+                device: torch.device | str) -> None:
+    """Refuse, with one line naming the key and the bytes, a run whose model, server state,
+    uploads, batch schedule, batches or confusion matrix cannot fit the memory of ``device``
+    (and the host): sized from its algorithm built on the meta device, before anything is
+    allocated (``protofl/sizes.py``)."""
+    alg, _ = meta_algorithm(spec, data)
+    total = sizes.model_bytes(alg, spec)
+    sizes.check(sizes.run_needs(spec, data, train_data, alg,
+                                lambda: size_source(spec, data, total)), device)
+
+
+def size_source(spec: RunSpec, data: FederatedData, nbytes: int) -> tuple[str, object]:
+    """The key (and its value) a model of ``nbytes`` (``sizes.model_bytes``) owes its size to:
+    the set option whose default shrinks it most; else the data (its classes and inputs)."""
+    cls = algorithm_class(spec.algorithm)
+    defaults = {name: default for name, _, default, _ in declared(cls.Options)}
+    candidates = [(f"model.{k}", getattr(spec.model, k), dataclasses.replace(
+        spec, model=dataclasses.replace(spec.model, **{k: None})))
+        for k in ("feature_dim", "seg_channels", "width") if getattr(spec.model, k)]
+    candidates += [(f"algo.{k}", v, dataclasses.replace(spec, algo={**spec.algo,
+                                                                    k: defaults[k]}))
+                   for k, v in spec.algo.items()
+                   if isinstance(v, int | float) and not isinstance(v, bool)
+                   and k in defaults and v != defaults[k]]
+    if spec.clients.per_round > 1:
+        candidates.append(("clients.per_round", spec.clients.per_round, dataclasses.replace(
+            spec, clients=dataclasses.replace(spec.clients, per_round=1))))
+    best, found = 0, None
+    for key, value, other in candidates:
+        try:
+            smaller = nbytes - sizes.model_bytes(_meta_algorithm(other, data)[0], other)
+        except Exception:  # noqa: BLE001 - a default that does not build names nothing
+            continue
+        if smaller > best:
+            best, found = smaller, (key, value)
+    if found is not None:
+        return found
+    where = spec.data.root or spec.data.name
+    return ("data.root" if spec.data.root else "data.name",
+            f"{where} ({data.num_classes} classes, inputs {tuple(data.input_shape)})")
 
 
 def auto_threads(parameters: int) -> int:
