@@ -18,5 +18,5 @@ class GlobalNorm(Callback):
 class StopAfterFirstRound(Callback):
     """Ends a run after its first round (a test's run budget: ``rounds`` of 2^31 runs one)."""
 
-    def on_round_end(self, exp, record):
-        exp.stopped = "the test's budget of one round"
+    def stop_reason(self, view):
+        return "the test's budget of one round"

@@ -140,6 +140,11 @@ class Callback:
     def on_round_end(self, view: RoundView, record: dict) -> None:
         pass
 
+    def stop_reason(self, view: RoundView) -> str:
+        """Why the run should end after this round ("" to go on): asked after
+        ``on_round_end`` (early stopping, a test's budget)."""
+        return ""
+
     def on_run_end(self, view: RoundView, summary: dict) -> None:
         pass
 

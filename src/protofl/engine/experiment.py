@@ -247,6 +247,8 @@ class Experiment:
                     view = self.view(record)
                     for cb in self.callbacks:
                         cb.on_round_end(view, record)
+                    self.stopped = self.stopped or next(
+                        (r for cb in self.callbacks if (r := cb.stop_reason(view))), "")
             finally:
                 self.close()
             summary = self.summary()
