@@ -6,7 +6,6 @@ fedmargin runs it.
 
     python benchmarks/heavy_tail.py             # 3 rounds at E = 20
     python benchmarks/heavy_tail.py --quick     # 3 rounds at E = 2
-    python benchmarks/speed.py --workloads heavy-tail   # the same, from speed.py
 
 Every variant trains the same rounds: the clients and epochs that protofl's schedule draws
 (seeds, sampling, stragglers), on the same rows, from the same initial weights. The runs keep
