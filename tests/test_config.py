@@ -18,7 +18,6 @@ def test_defaults_and_nested_values():
     ({"clients": {"per_round": 0}}, "clients.per_round"),
     ({"clients": {"lr": "fast"}}, "clients.lr"),
     ({"rounds": 2.5}, "rounds"),
-    ({"trainer": "gpu"}, "trainer"),
     ({"data": 3}, "data must be a mapping"),
 ])
 def test_bad_values_name_the_key(raw, needle):
