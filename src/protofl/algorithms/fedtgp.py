@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from protofl.algorithms import prototype_math
 from protofl.algorithms.base import Tensors
-from protofl.algorithms.fedproto import FedProto, FedProtoState
+from protofl.algorithms.fedproto import FedProto, FedProtoState, proto_pass_option
 from protofl.algorithms.optimizers import OPTIMIZERS, make_optimizer
 from protofl.config import option
 from protofl.seeding import SERVER, torch_gen
@@ -40,6 +40,7 @@ class FedTGPOptions:
     server_batch: int = option(10, "uploaded prototypes per server mini-batch", ge=1)
     hidden: int = option(0, "hidden width of the prototype MLP (0: the feature size d)", ge=0)
     margin_cap: float = option(100.0, "cap of the adaptive margin", ge=0)
+    proto_pass: str = proto_pass_option()
 
 
 class FedTGPState(FedProtoState):
