@@ -73,10 +73,9 @@ NAME = "protofl_textures"
 
 
 def config(algorithm: str, seed: int, rounds: int, overrides: dict | None = None) -> dict:
-    algo = {"lam": 10.0}
-    if algorithm == "fedtgp":
-        algo.update({"server_epochs": 100, "server_lr": 0.01, "server_batch": 10,
-                     "margin_cap": 100.0})
+    # fedtgp's defaults are the setting (lambda 10, 100 server epochs at lr 0.01, server
+    # batch 10, margin cap 100); fedproto's lambda is set to fedtgp's (its default is 1)
+    algo: dict = {} if algorithm == "fedtgp" else {"lam": 10.0}
     algo.update((overrides or {}).get(algorithm, {}))
     return {
         "algorithm": algorithm, "seed": seed, "rounds": rounds, "checkpoint_every": 0,
@@ -321,13 +320,19 @@ def main() -> None:
     p.add_argument("--json", help="write every seed's numbers to this file")
     p.add_argument("--htfllib-only", action="store_true",
                    help="run only HtFLlib's side (with --cache: fill it)")
+    p.add_argument("--protofl-only", action="store_true",
+                   help="run only protofl's side (with --cache: fill it; HtFLlib's cached "
+                        "results are still shown)")
     p.add_argument("--cache", help="a JSON file of HtFLlib's results by (method, seed, rounds):"
-                                   " read where present, else run and added")
+                                   " and protofl's by (method, seed, rounds, options): read where "
+                                   "present, else run and added")
     a = p.parse_args()
     seeds = [int(s) for s in a.seeds.split(",")]
     overrides = parse_overrides(a.set)
     checkout = Path(a.htfllib)
     have = (checkout / "system" / "flcore" / "servers" / "serverproto.py").exists()
+    if a.protofl_only:
+        have = False
     if not have:
         print(f"no HtFLlib checkout at {checkout}: protofl's side only")
     record: dict = {"rounds": a.rounds, "seeds": seeds, "overrides": overrides}
@@ -338,12 +343,22 @@ def main() -> None:
             start = time.perf_counter()
             with tempfile.TemporaryDirectory() as tmp:
                 tag = f"{alg}/{seed}/{a.rounds}"
-                acc, spr = run_protofl(alg, seed, a.rounds, Path(tmp), overrides,
-                                       train=not a.htfllib_only)
-                other = cache.get(tag) or (run_htfllib(alg, seed, a.rounds, Path(tmp), checkout)
-                                           if have else None)
-                if a.cache and other:
-                    cache[tag] = other
+                ours_tag = f"protofl:{tag}:{json.dumps(overrides.get(alg, {}), sort_keys=True)}"
+                other = cache.get(tag)
+                if ours_tag in cache and (other or not have or a.protofl_only):
+                    acc, spr = cache[ours_tag]
+                else:
+                    acc, spr = run_protofl(alg, seed, a.rounds, Path(tmp), overrides,
+                                           train=not a.htfllib_only)
+                if not other and have and not a.protofl_only:
+                    other = run_htfllib(alg, seed, a.rounds, Path(tmp), checkout)
+                if a.cache:  # re-read: another run may have added to it meanwhile
+                    cache = {**(json.loads(Path(a.cache).read_text())
+                                if Path(a.cache).exists() else {}), **cache}
+                    if other:
+                        cache[tag] = other
+                    if not math.isnan(acc):
+                        cache[ours_tag] = [acc, spr]
                     Path(a.cache).write_text(json.dumps(cache))
             rows.append({"seed": seed, "protofl": acc, "protofl_spr": spr,
                          **({"htfllib": other["accuracy"], "htfllib_spr":
