@@ -136,3 +136,88 @@ def test_clients_evaluated_for_a_global_model(tiny_digits):
     exp, out = tiny_digits("fedavg")
     assert out["clients_evaluated"] == sum(
         1 for k in range(exp.data.num_clients) if len(exp.data.client_test(k)[1]))
+
+
+def test_pass_sums_by_hand():
+    from protofl.algorithms.fedproto import pass_sums
+
+    z = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]])
+    y = torch.tensor([0, 1, 0, 0])
+    w = torch.tensor([1.0, 1.0, 1.0, 0.0])  # the last row is padding
+    got = pass_sums(z, y, w, 3)
+    assert got["proto_sums"].tolist() == [[6.0, 8.0], [3.0, 4.0], [0.0, 0.0]]
+    assert got["proto_counts"].tolist() == [2.0, 1.0, 0.0]
+
+
+def _one_round(proto_pass, lr, trainer="sequential"):
+    """One client (6 rows, 2 classes), batch 2, one epoch of SGD; (upload, batches, rc)."""
+    from protofl.data.federated import from_client_lists
+    from protofl.data.pipeline import shuffled
+    from protofl.engine.schedule import Job, local_schedule
+    from protofl.engine.train import LocalSetup, RoundContext, SequentialTrainer
+    from protofl.seeding import ORDER, torch_gen
+
+    torch.manual_seed(0)
+    model = Mlp(2, 2, hidden=(3, 2))
+    alg = make_algorithm("fedproto", {"lam": 1.0, "proto_pass": proto_pass}, model, 2)
+    x = torch.tensor([[1.0, 0.0], [0.5, 0.2], [0.9, -0.3], [0.0, 1.0], [-0.2, 0.8],
+                      [0.3, 0.7]])
+    y = torch.tensor([0, 0, 0, 1, 1, 1])
+    data = from_client_lists("toy", 2, [x], [y], local_test_fraction=0.0)
+    state = alg.init_state(model)
+    state["protos"] = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    state["present"] = torch.tensor([1.0, 1.0])
+    setup = LocalSetup(2, False, "sgd", lr, seed=3)
+    rc = RoundContext(alg, alg.broadcast(state), [Job(0, 1)], data, {}, setup, 1)
+    if trainer == "sequential":
+        up = SequentialTrainer().train(rc)[0].upload
+    else:
+        from protofl.engine.vectorized import VectorizedTrainer
+
+        up = VectorizedTrainer().train(rc)[0].upload
+    xs, ys = data.client_train(0)
+    batches, _ = local_schedule(shuffled, ys, 1, 2, False, torch_gen(3, ORDER, 1, 0))
+    return up, batches, (alg, model, state, xs, ys)
+
+
+def test_training_pass_prototypes_replayed_by_hand():
+    """``proto_pass: training``: each batch's features under the weights of its own step
+    (replayed here: SGD by hand), averaged per class; ``after``: the trained model's means."""
+    lr = 0.5
+    got, batches, (alg, model, state, x, y) = _one_round("training", lr)
+    after, _, _ = _one_round("after", lr)
+    params, buffers = split_state(model)
+    ctx = {"protos": state["protos"], "present": state["present"]}
+    sums, counts = torch.zeros(2, 2), torch.zeros(2)
+    for idx in batches:
+        p = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+        loss = alg.loss(model, p, buffers, x[idx], y[idx], torch.ones(len(idx)), ctx)
+        grads = torch.autograd.grad(loss, list(p.values()))
+        with torch.no_grad():
+            z, _ = torch.func.functional_call(model, {**p, **buffers}, (x[idx],))
+            sums.index_add_(0, y[idx], z)
+            counts += torch.bincount(y[idx], minlength=2).float()
+        params = {k: (v - lr * g).detach() for (k, v), g in zip(p.items(), grads)}
+    assert counts.tolist() == [3.0, 3.0] and got["counts"].tolist() == [3.0, 3.0]
+    assert torch.allclose(got["protos"], sums / counts.unsqueeze(1), atol=1e-6)
+    with torch.no_grad():
+        z, _ = torch.func.functional_call(model, {**params, **buffers}, (x,))
+    final = torch.stack([z[y == c].mean(0) for c in range(2)])
+    assert torch.allclose(after["protos"], final, atol=1e-6)
+    assert not torch.allclose(got["protos"], after["protos"], atol=1e-3)
+
+
+def test_training_pass_vectorized_matches_sequential():
+    seq, _, _ = _one_round("training", 0.5)
+    vec, _, _ = _one_round("training", 0.5, trainer="vectorized")
+    assert torch.allclose(seq["protos"], vec["protos"], atol=1e-6)
+    assert torch.equal(seq["counts"], vec["counts"])
+
+
+def test_training_pass_needs_the_trainer_sums():
+    alg, model = _alg()
+    alg.opts.proto_pass = "training"
+    params, buffers = split_state(model)
+    with pytest.raises(ProtoflError, match="last-pass sums"):
+        alg.client_end(model, params, buffers, {}, {}, {}, torch.zeros(2, 2),
+                       torch.tensor([0, 1]))

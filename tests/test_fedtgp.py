@@ -97,3 +97,38 @@ def test_two_round_digits_run(tiny_digits):
     _, out = tiny_digits("fedtgp", {"server_epochs": 5})
     for key in ("accuracy", "local_accuracy", "amm", "client_loss", "margin"):
         assert np.isfinite(out[key]), key
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_train_generator_is_the_plain_optimizer_loop(optimizer):
+    """The server loop (the margin's shift built once, SGD as one in-place update) gives the
+    weights of the plain loop: margin_loss, torch.optim, the same batches."""
+    from protofl.algorithms.fedtgp import (
+        FedTGPOptions,
+        init_generator,
+        margin_loss,
+        train_generator,
+    )
+    from protofl.algorithms.optimizers import make_optimizer
+
+    g0 = init_generator(3, 4, 5, torch.Generator().manual_seed(0))
+    p = torch.randn(7, 4, generator=torch.Generator().manual_seed(1))
+    y = torch.tensor([0, 1, 2, 0, 1, 2, 0])
+    delta = torch.tensor(0.7)
+    opts = FedTGPOptions(server_epochs=3, server_lr=0.05, server_batch=3,
+                         server_optimizer=optimizer)
+    got, history = train_generator(g0, p, y, delta, opts, torch.Generator().manual_seed(2))
+    g = {k: v.clone().requires_grad_(True) for k, v in g0.items()}
+    opt = make_optimizer(list(g.values()), optimizer, 0.05)
+    gen, first = torch.Generator().manual_seed(2), []
+    for _ in range(3):
+        for idx in torch.randperm(7, generator=gen).split(3):
+            loss = margin_loss(g, p[idx], y[idx], delta)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if len(first) < 3:  # the first epoch's batches
+                first.append(float(loss.detach()) * len(idx))
+    for k in g:
+        assert torch.allclose(got[k], g[k].detach(), atol=1e-6), k
+    assert len(history) == 3 and history[0] == pytest.approx(sum(first) / 7, rel=1e-5)

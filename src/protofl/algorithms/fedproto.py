@@ -2,10 +2,14 @@
 
 No model averaging: every client keeps its own model (``capabilities.Personalized``),
 starting from the common initial model, and is evaluated on its own test split. Clients
-exchange only class prototypes. Local loss ``CE + lambda * MSE(f(x), C^y)`` (MSE = mean over
-the d channels), with no regulariser for classes that have no global prototype yet. Server:
-``C^c = mean over the clients holding c of their prototypes`` (unweighted); a class no active
-client holds keeps its previous global prototype. Inference: the nearest global prototype
+exchange only class prototypes: with ``proto_pass: after`` (default; Tan et al.'s Eq. 4) the
+class means of the client's data under its trained model, with ``training`` the mean of the
+features of its last local epoch's training pass, each batch under the weights of the step
+that trained on it (Tan et al.'s code, HtFLlib's FedProto). Local loss
+``CE + lambda * MSE(f(x), C^y)`` (MSE = mean over the d channels), with no regulariser for
+classes that have no global prototype yet. Server: ``C^c = mean over the clients holding c of
+their prototypes`` (unweighted); a class no active client holds keeps its previous global
+prototype. Inference: the nearest global prototype
 (Euclidean), or the client head's logits while no global prototype exists.
 
 Server state: ``init`` (the common initial weights, sent so that a client's first round starts
@@ -33,13 +37,26 @@ from protofl.algorithms.base import (
 )
 from protofl.algorithms.capabilities import Personalized, Prototypes, Sums
 from protofl.config import option
+from protofl.errors import ProtoflError
 
 FAR = 1e4  # score penalty of classes without a global prototype (finite: keeps CE finite)
+
+
+PROTO_PASSES = ("after", "training")  # the values of algo.proto_pass
+
+
+def proto_pass_option():
+    return option("after", "when a client's prototypes are taken: after (class means of the "
+                           "trained model over its data: Tan et al.'s Eq. 4) or training (the "
+                           "mean of the features of its last local epoch's training pass, each "
+                           "batch under the weights of its step: Tan et al.'s and HtFLlib's "
+                           "FedProto code)", choices=PROTO_PASSES)
 
 
 @dataclass
 class FedProtoOptions:
     lam: float = option(1.0, "weight of the prototype regulariser", ge=0)
+    proto_pass: str = proto_pass_option()
 
 
 class FedProtoState(TypedDict):
@@ -60,6 +77,15 @@ def prototype_regulariser(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor
     target = protos[y]
     mse = ((z - target) ** 2).mean(dim=1)
     return torch.where(present[y] > 0, mse, torch.zeros_like(mse))
+
+
+def pass_sums(z: torch.Tensor, y: torch.Tensor, w: torch.Tensor, num_classes: int
+              ) -> dict[str, torch.Tensor]:
+    """A batch's per-class feature sums ``(C, d)`` and counts ``(C,)``, rows weighted by ``w``
+    (padding 0; vmap-able), detached: the training pass's prototypes add these up."""
+    onehot = (y.unsqueeze(1) == torch.arange(num_classes, device=y.device)).to(z.dtype)
+    onehot = onehot * w.to(z.dtype).unsqueeze(1)
+    return {"proto_sums": onehot.T @ z.detach(), "proto_counts": onehot.sum(0)}
 
 
 def nearest_prototype_scores(z: torch.Tensor, protos: torch.Tensor, present: torch.Tensor
@@ -100,13 +126,33 @@ class FedProto(Personalized, Prototypes, Sums, Algorithm):
         return {"protos": broadcast["protos"], "present": broadcast["present"]}
 
     def loss(self, model, params, buffers, x, y, w, ctx):
+        return self.loss_and_features(model, params, buffers, x, y, w, ctx)[0]
+
+    def loss_and_features(self, model, params, buffers, x, y, w, ctx):
         z, logits = forward(model, params, buffers, x)
         ce = F.cross_entropy(logits, y, reduction="none")
         reg = prototype_regulariser(z, y, ctx["protos"], ctx["present"])
-        return weighted_mean(ce + self.opts.lam * reg, w)
+        return weighted_mean(ce + self.opts.lam * reg, w), z
 
-    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y):
-        protos, counts = class_prototypes(model, params, buffers, x, y, self.num_classes)
+    def loss_and_stats(self, model, params, buffers, x, y, w, ctx):
+        """The loss and, with ``proto_pass: training``, the batch's class sums of features
+        (under the weights of this step; the trainers add up the last pass's)."""
+        loss, z = self.loss_and_features(model, params, buffers, x, y, w, ctx)
+        if self.opts.proto_pass != "training":
+            return loss, {}
+        return loss, pass_sums(z, y, w, self.num_classes)
+
+    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y,
+                   stats=None):
+        if self.opts.proto_pass == "training":
+            if not stats or "proto_sums" not in stats:
+                raise ProtoflError(f"{self.name}: proto_pass: training needs the trainer's "
+                                   "last-pass sums (client_end(..., stats=...))")
+            counts = stats["proto_counts"].to(torch.float32)
+            protos = (stats["proto_sums"] / stats["proto_counts"].clamp_min(1).unsqueeze(1)
+                      ).to(torch.float32)
+        else:
+            protos, counts = class_prototypes(model, params, buffers, x, y, self.num_classes)
         up: FedProtoUpload = {"protos": protos, "counts": counts,
                               "num_samples": torch.tensor(float(len(y)), dtype=torch.float64)}
         own: Weights = {"params": params, "buffers": buffers}

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from protofl.algorithms import prototype_math
 from protofl.algorithms.base import Tensors
-from protofl.algorithms.fedproto import FedProto, FedProtoState
+from protofl.algorithms.fedproto import FedProto, FedProtoState, proto_pass_option
 from protofl.algorithms.optimizers import OPTIMIZERS, make_optimizer
 from protofl.config import option
 from protofl.seeding import SERVER, torch_gen
@@ -35,11 +35,13 @@ from protofl.seeding import SERVER, torch_gen
 class FedTGPOptions:
     lam: float = option(10.0, "weight of the client prototype regulariser", ge=0)
     server_epochs: int = option(100, "server epochs of prototype training per round", ge=1)
-    server_lr: float = option(0.1, "server learning rate", gt=0)
+    server_lr: float = option(0.01, "server learning rate (the authors' code: the clients' "
+                                    "learning rate, 0.01 in their runs)", gt=0)
     server_optimizer: str = option("sgd", "server optimizer", choices=OPTIMIZERS)
     server_batch: int = option(10, "uploaded prototypes per server mini-batch", ge=1)
     hidden: int = option(0, "hidden width of the prototype MLP (0: the feature size d)", ge=0)
     margin_cap: float = option(100.0, "cap of the adaptive margin", ge=0)
+    proto_pass: str = proto_pass_option()
 
 
 class FedTGPState(FedProtoState):
@@ -60,7 +62,8 @@ def adaptive_margin(q: torch.Tensor, present: torch.Tensor, cap: float) -> torch
 
 def generate(g: Tensors) -> torch.Tensor:
     """Global prototypes ``(C, d)``: ``W2 relu(W1 e_c + b1) + b2`` for every class."""
-    return F.relu(g["emb"] @ g["w1"].T + g["b1"]) @ g["w2"].T + g["b2"]
+    hidden = torch.addmm(g["b1"], g["emb"], g["w1"].T).relu()
+    return torch.addmm(g["b2"], hidden, g["w2"].T)
 
 
 def margin_loss(g: Tensors, p: torch.Tensor, y: torch.Tensor, delta: torch.Tensor
@@ -88,17 +91,29 @@ def train_generator(g: Tensors, p: torch.Tensor, y: torch.Tensor, delta: torch.T
     losses."""
     g = {k: v.detach().clone().requires_grad_(True) for k, v in g.items()}
     params = list(g.values())
-    opt = make_optimizer(params, opts.server_optimizer, opts.server_lr)
+    # plain SGD is one in-place update of every tensor (what torch.optim.SGD does without
+    # momentum, less its per-step overhead: 100 epochs are ~1,600 small steps a round)
+    plain = opts.server_optimizer == "sgd"
+    opt = None if plain else make_optimizer(params, opts.server_optimizer, opts.server_lr)
     history = []
+    p = p.to(torch.promote_types(p.dtype, torch.float32))
+    # margin_loss with the margin's one-hot shift built once
+    shift = delta * F.one_hot(y, g["emb"].shape[0]).to(p.dtype)
     for _ in range(opts.server_epochs):
-        total, n = 0.0, 0
+        total = torch.zeros((), dtype=p.dtype)
         for idx in torch.randperm(len(y), generator=gen).split(opts.server_batch):
-            loss = margin_loss(g, p[idx], y[idx], delta)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total, n = total + loss.item() * len(idx), n + len(idx)
-        history.append(total / n)
+            dist = torch.cdist(p[idx], generate(g)) + shift[idx]
+            loss = F.cross_entropy(-dist, y[idx])
+            grads = torch.autograd.grad(loss, params)
+            with torch.no_grad():
+                if opt is None:
+                    torch._foreach_add_(params, grads, alpha=-opts.server_lr)
+                else:
+                    for t, gr in zip(params, grads):
+                        t.grad = gr
+                    opt.step()
+                total += loss.detach() * len(idx)
+        history.append(float(total) / len(y))
     return {k: v.detach() for k, v in g.items()}, history
 
 
