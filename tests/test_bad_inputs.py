@@ -652,3 +652,15 @@ def test_every_integer_option_at_an_extreme_is_refused_in_one_line_or_runs(
     assert code in (0, 2), line
     if code == 2:
         assert str(value) in line or "bytes" in line, line
+
+
+def test_a_budget_in_mib_from_the_environment(monkeypatch):
+    from protofl.engine import vectorized
+    from protofl.sizes import env_mib
+
+    monkeypatch.setenv("PROTOFL_X_MB", "1.5")
+    assert env_mib("PROTOFL_X_MB") == 1_572_864 and env_mib("PROTOFL_UNSET_MB") is None
+    monkeypatch.setenv(vectorized.BUDGET_ENV, "lots")
+    with pytest.raises(ProtoflError, match="PROTOFL_VECTORIZED_BUDGET_MB = 'lots' is not a "
+                                           "number of MiB"):
+        vectorized.memory_budget()

@@ -97,14 +97,23 @@ def _cgroup_left() -> int | None:
         return None
 
 
+def env_mib(name: str) -> int | None:
+    """Bytes from the environment variable ``name`` in MiB (None when unset or empty); one
+    line if it is not a number."""
+    mb = os.environ.get(name)
+    if not mb:
+        return None
+    try:
+        return int(float(mb) * (1 << 20))
+    except ValueError:
+        raise ProtoflError(f"{name} = {mb!r} is not a number of MiB") from None
+
+
 def host_available() -> int:
     """Bytes of host memory a run may take now (see the module docstring)."""
-    mb = os.environ.get(MEMORY_ENV)
-    if mb:
-        try:
-            return int(float(mb) * (1 << 20))
-        except ValueError:
-            raise ProtoflError(f"{MEMORY_ENV} = {mb!r} is not a number of MiB") from None
+    given = env_mib(MEMORY_ENV)
+    if given is not None:
+        return given
     found = [v for v in (_meminfo("MemAvailable"), _cgroup_left()) if v is not None]
     if found:
         return min(found)

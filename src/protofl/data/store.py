@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from protofl.errors import ProtoflError
+from protofl.sizes import env_mib
 
 BUDGET_ENV = "PROTOFL_DATA_BUDGET_MB"
 CACHE_ENV = "PROTOFL_CACHE"
@@ -44,12 +45,9 @@ LABELS = "labels.npz"
 
 def data_budget() -> int:
     """Bytes of rows a dataset may hold in memory before it is memory-mapped from disk."""
-    mb = os.environ.get(BUDGET_ENV)
-    if mb:
-        try:
-            return int(float(mb) * (1 << 20))
-        except ValueError:
-            raise ProtoflError(f"{BUDGET_ENV} = {mb!r} is not a number of MiB") from None
+    given = env_mib(BUDGET_ENV)
+    if given is not None:
+        return given
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
     except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX

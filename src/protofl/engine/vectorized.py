@@ -25,7 +25,6 @@ How a step is taken is the chunk's ``Step`` (:class:`EagerStep` here; the compil
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -49,6 +48,7 @@ from protofl.engine.train import (
     transformed,
 )
 from protofl.models.nets import ProtoNet
+from protofl.sizes import env_mib
 
 log = logging.getLogger("protofl")
 
@@ -89,9 +89,9 @@ def log_once(message: str) -> None:
 def memory_budget(device: torch.device | str = "cpu") -> int:
     """Bytes a chunk may use: ``$PROTOFL_VECTORIZED_BUDGET_MB``, else on CUDA a share of the
     device's free memory (``device.free_memory``), else 1 GiB."""
-    mb = os.environ.get(BUDGET_ENV)
-    if mb:
-        return int(float(mb) * (1 << 20))
+    given = env_mib(BUDGET_ENV)
+    if given is not None:
+        return given
     free = devices.free_memory(device)
     return DEFAULT_BUDGET if free is None else free
 
