@@ -41,9 +41,10 @@ def classic_split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def classic_pickle(splits=None) -> bytes:
-    """A gzip'd protocol-2 pickle like the classic mnist.pkl.gz (float32 byte / 256, int64)."""
+    """A gzip'd protocol-2 pickle like the classic mnist.pkl.gz (float32 byte / 256, int64);
+    mtime 0, so two calls give the same bytes (the pins are computed from a second call)."""
     splits = splits or tuple(classic_split(n, k) for k, n in enumerate(SIZES))
-    return gzip.compress(pickle.dumps(splits, protocol=2))
+    return gzip.compress(pickle.dumps(splits, protocol=2), mtime=0)
 
 
 def wheel_bytes(pkl: bytes) -> bytes:
