@@ -390,7 +390,7 @@ def test_flower_site_mode_matches_the_engine_over_the_same_sites(simulated, case
     assert "train_loss" not in last and "dissimilarity" not in last  # no training data here
     preds = client_predictions(ref.alg, ref.alg.model, ref.state, ref.data, ref.client_states)
     pooled = report(torch.cat([y for y, _ in preds.values()]).numpy(),
-                    torch.cat([p for _, p in preds.values()]).numpy(), 3)
+                    torch.cat([p.argmax(1) for _, p in preds.values()]).numpy(), 3)
     assert last["federated_accuracy"] == pytest.approx(pooled["accuracy"], abs=1e-9)
     assert last["local_accuracy"] == pytest.approx(ref.last["local_accuracy"], abs=1e-6)
     assert last["clients_evaluated"] == 3  # the sites scored (the server holds no site)

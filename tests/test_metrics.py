@@ -81,16 +81,51 @@ def test_amm_callback_tracks_reported_classes(tiny_digits):
     assert bool(amm.reported.any())  # the classes of the clients that trained
 
 
+def onehot(labels: list[int], c: int = 3) -> torch.Tensor:
+    """Class scores whose argmax is ``labels``."""
+    return F.one_hot(torch.tensor(labels), c).float()
+
+
 def test_client_figures_by_hand():
     from protofl.metrics.federated import client_figures
-    preds = {0: (torch.tensor([0, 1, 1, 1]), torch.tensor([0, 1, 0, 0])),  # 2/4 right
-             3: (torch.tensor([2, 2]), torch.tensor([2, 2]))}  # 2/2 right
+    preds = {0: (torch.tensor([0, 1, 1, 1]), onehot([0, 1, 0, 0])),  # 2/4 right
+             3: (torch.tensor([2, 2]), onehot([2, 2]))}  # 2/2 right
     out = client_figures(preds, 3, pooled=False)
     assert out == {"local_accuracy": 0.75, "client_accuracy": {"0": 0.5, "3": 1.0},
+                   "client_accuracy_std": 0.25, "client_accuracy_worst10": 0.5,
                    "clients_evaluated": 2}
     assert client_figures({}, 3, pooled=True) == {"clients_evaluated": 0}
     pooled = client_figures(preds, 3, pooled=True)
     assert pooled["accuracy"] == pytest.approx(4 / 6) and pooled["local_accuracy"] == 0.75
+    assert 0 < pooled["auc"] < 1
+
+
+def test_spread_by_hand():
+    from protofl.metrics.classification import spread
+    # 20 clients: the worst tenth is the lowest 2 (0.1 and 0.2); std of 0.1, 0.2, 0.9 x 18
+    accs = [0.9] * 18 + [0.2, 0.1]
+    mean = (0.9 * 18 + 0.3) / 20
+    std = ((18 * (0.9 - mean) ** 2 + (0.2 - mean) ** 2 + (0.1 - mean) ** 2) / 20) ** 0.5
+    got = spread(accs)
+    assert got["client_accuracy_worst10"] == pytest.approx(0.15)
+    assert got["client_accuracy_std"] == pytest.approx(std)
+    assert spread([0.4, 0.8, 0.6])["client_accuracy_worst10"] == pytest.approx(0.4)  # >= 1
+
+
+def test_auc_by_counting_pairs():
+    from protofl.metrics.classification import auc
+    y = np.array([0, 0, 1, 1, 2])
+    s = np.array([[2.0, 0, 0], [0, 1, 0], [1, 0, 0], [0, 3, 0], [0, 0, 5]])
+    p = np.exp(s) / np.exp(s).sum(1, keepdims=True)
+
+    def pairs(c: int) -> float:  # P(score of a positive > a negative's), ties count half
+        pos, neg = p[y == c, c], p[y != c, c]
+        return np.mean([(a > b) + 0.5 * (a == b) for a in pos for b in neg])
+    assert auc(y, s) == pytest.approx(np.mean([pairs(c) for c in range(3)]))
+    # a class absent from the truth (a 4th column, scored -1e9: probability 0) is left out
+    assert auc(y, np.pad(s, ((0, 0), (0, 1)), constant_values=-1e9)) == pytest.approx(auc(y, s))
+    # one class only: no AUC
+    assert auc(np.array([1, 1]), np.zeros((2, 3))) is None
 
 
 def test_zero_sample_sizes_mean_off():
@@ -168,8 +203,8 @@ def test_batched_local_accuracy_equals_per_client_scoring():
     assert sorted(got) == list(range(6))
     for k in range(6):
         x, y = data.client_test(k)
-        want = scores(alg, model, state["params"], state["buffers"], state, x, 2048).argmax(1)
-        assert torch.equal(got[k][0], y) and torch.equal(got[k][1], want)
+        want = scores(alg, model, state["params"], state["buffers"], state, x, 2048)
+        assert torch.equal(got[k][0], y) and torch.equal(got[k][1].argmax(1), want.argmax(1))
     some = client_predictions(alg, model, state, data, {}, batch=7, clients=[4, 1])
     assert sorted(some) == [1, 4] and torch.equal(some[4][1], got[4][1])
 
@@ -188,12 +223,13 @@ def test_personalised_clients_use_their_own_models():
     state = alg.init_state(model)
     got = client_predictions(alg, model, state, data, {2: {"params": zero, "buffers": buffers}})
     assert list(got) == [0, 1, 2, 3]  # every client is scored
-    assert (got[2][1] == got[2][1][0]).all()  # its own all-zero model: one class
+    own = got[2][1].argmax(1)
+    assert (own == own[0]).all()  # its own all-zero model: one class
     # a client that has not trained yet: the model it would start from (the initial one)
     x, _ = data.client_test(0)
     want = alg.predict(model, state["init"]["params"], state["init"]["buffers"], state,
                        data.inputs(x)).argmax(1)
-    assert torch.equal(got[0][1], want)
+    assert torch.equal(got[0][1].argmax(1), want)
 
 
 def test_sizes_of_zero_switch_figures_off():

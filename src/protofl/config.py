@@ -149,6 +149,9 @@ class DataConfig:
                                    ge=0)
     local_test_fraction: float = option(0.1, "share of each client's samples kept as its local "
                                              "test split", ge=0, lt=1)
+    validation_fraction: float = option(0.0, "share of each client's training samples held out "
+                                             "as its validation split, never trained on "
+                                             "(metrics.early_stop reads it)", ge=0, lt=1)
     image_size: int | None = option(None, "resize images to this side (null: the dataset's "
                                           "own)", ge=1)
     max_samples: int | None = option(None, "cap the sample pool (quick runs on large sets)",
@@ -230,6 +233,12 @@ class ClientConfig:
     momentum: float | None = option(None, "SGD momentum", ge=0, lt=1, fallback=0.0)
     weight_decay: float | None = option(None, "L2 weight decay of the local optimizer", ge=0,
                                         le=FLOAT32_MAX, fallback=0.0)
+    lr_decay: float = option(1.0, "per-round factor of the local learning rate: round t "
+                             "trains at lr * lr_decay^(t-1) (HtFLlib's learning_rate_decay_gamma, "
+                             "0.99 where its scripts switch it on)", gt=0, le=1)
+    dropout: float = option(0.0, "share of each round's sampled clients that drop out before "
+                                 "training and send nothing (HtFLlib's client_drop_rate)",
+                            ge=0, lt=1)
     stragglers: float = option(0.0, "δ, the share of active clients doing partial work",
                                ge=0, lt=1)
     tolerate_partial: bool | None = option(
@@ -251,6 +260,9 @@ class MetricsConfig:
     train_loss_samples: int = option(2000, "training loss of the aggregate model on a seeded "
                                            "sample of up to this many rows (0: off)", ge=0)
     eval_batch: int = option(256, "evaluation batch size", ge=1)
+    early_stop: int = option(0, "stop after this many evaluated rounds without a new best "
+                                "validation accuracy (0: off; needs data.validation_fraction)",
+                             ge=0)
     every: int = option(5, "costly figures (training loss, gradient dissimilarity, and with an "
                            "aggregate model the clients' local accuracy) on evaluated rounds "
                            "that are a multiple of N, and the last (0: never)", ge=0)

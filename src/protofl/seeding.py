@@ -11,6 +11,8 @@ import torch
 SAMPLE, STRAGGLE, ORDER, AUGMENT, PROBE, SERVER = range(6)  # SERVER: server-side training
 NOISE, CLIENT_NOISE = 6, 7  # DP noise added by the server / by a client
 CLIP_NOISE = 8  # DP noise on adaptive clipping's count of unclipped updates
+DROP = 9  # which sampled clients drop out of a round (clients.dropout)
+VALIDATION = 10  # which training rows each client holds out (data.validation_fraction)
 
 
 def np_rng(seed: int, *keys: int) -> np.random.Generator:

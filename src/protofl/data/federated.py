@@ -204,6 +204,30 @@ class FederatedData:
         return replace(self, train_offsets=np.array([0, len(self.y_train)]),
                        test_offsets=np.array([0, len(self.y_local_test)]))
 
+    def hold_out(self, fraction: float, rng: np.random.Generator
+                 ) -> tuple[FederatedData, FederatedData]:
+        """``floor(fraction * n_k)`` of each client's training rows, drawn by ``rng``, held out
+        as its validation split: the federation without them (rows in their order), and one
+        whose local test splits are the validation rows (the rest as it was)."""
+        keep, val, tr, va = [], [], [0], [0]
+        for k in range(self.num_clients):
+            a, b = int(self.train_offsets[k]), int(self.train_offsets[k + 1])
+            held = np.zeros(b - a, dtype=bool)
+            held[rng.choice(b - a, size=int(fraction * (b - a)), replace=False)] = True
+            keep.append(a + np.flatnonzero(~held))
+            val.append(a + np.flatnonzero(held))
+            tr.append(tr[-1] + len(keep[-1]))
+            va.append(va[-1] + len(val[-1]))
+        keep_t, val_t = (torch.from_numpy(np.concatenate(i)) for i in (keep, val))
+        labels = self.labels_train
+        train = replace(self, x_train=self.x_train[keep_t], y_train=self.y_train[keep_t],
+                        train_offsets=np.array(tr),
+                        labels_train=None if labels is None else labels[keep_t])
+        validation = replace(train, x_local_test=self.x_train[val_t],
+                             y_local_test=self.y_train[val_t], test_offsets=np.array(va),
+                             labels_local_test=None if labels is None else labels[val_t])
+        return train, validation
+
     def summary(self) -> dict:
         """Partition statistics: sizes and classes per client (the seed's Fig. S1)."""
         sizes = self.train_sizes

@@ -70,7 +70,8 @@ class RoundView:
     ``private`` whether the run is differentially private, ``stopped`` why the run ends
     early (or ""), ``store`` the run folder's :class:`RunStore` (None without a folder),
     ``reply_spec`` what a valid client reply holds (an upload, or under privacy layers a
-    contribution).
+    contribution), ``validation`` the held-out rows as local test splits (None without
+    ``data.validation_fraction``).
     """
 
     spec: RunSpec
@@ -88,16 +89,17 @@ class RoundView:
     reply_spec: Mapping[str, Any] = field(default_factory=dict, repr=False)
     inputs: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = field(
         default=None, repr=False)
+    validation: FederatedData | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, spec, data, alg, state, client_states, round, device, record, aggregation,
-           stopped, store, inputs) -> RoundView:
+           stopped, store, inputs, validation=None) -> RoundView:
         """The view of a run whose aggregation stack is ``aggregation`` (what a callback may
         know of it: whether replies are individual uploads, whether it is private, the reply
         spec)."""
         return cls(spec, data, alg, state, client_states, round, device, record,
                    aggregation.individual, aggregation.private, stopped, store,
-                   aggregation.reply_spec(), inputs)
+                   aggregation.reply_spec(), inputs, validation)
 
     @property
     def cfg(self) -> RunSpec:
@@ -216,6 +218,46 @@ class TestMetrics(Callback):
         record.update(fm.client_figures(preds, data.num_classes, pooled=personalized(alg)))
 
 
+class EarlyStop(Callback):
+    """With a validation split (``data.validation_fraction``): ``validation_accuracy`` on
+    evaluated rounds, every client's held-out training rows scored as its local test split
+    is, pooled. With ``metrics.early_stop`` = N the run stops after N evaluated rounds
+    without a new best; its summary's ``stopped`` names the best round (the figures are the
+    last round's, as in every run)."""
+
+    def __init__(self) -> None:
+        self.best, self.best_round, self.waited = -1.0, 0, 0
+
+    def on_evaluate(self, exp, record):
+        if exp.validation is None:
+            return
+        with exp.autocast():
+            preds = hetero.client_predictions(exp.alg, exp.state, exp.validation,
+                                              exp.client_states, exp.cfg.metrics.eval_batch)
+        acc = fm.client_figures(preds, exp.data.num_classes, pooled=True).get("accuracy")
+        if acc is None:  # no client holds validation rows (or has a model yet)
+            return
+        record["validation_accuracy"] = acc
+        if acc > self.best:
+            self.best, self.best_round, self.waited = acc, record["round"], 0
+        else:
+            self.waited += 1
+
+    def stop_reason(self, exp):
+        n = exp.cfg.metrics.early_stop
+        if not n or self.waited < n:
+            return ""
+        return (f"early stopping: no better validation accuracy in {n} evaluated rounds "
+                f"(best {self.best:.4f}, round {self.best_round})")
+
+    def state_dict(self):
+        return {"best": self.best, "best_round": self.best_round, "waited": self.waited}
+
+    def load_state_dict(self, state):
+        self.best = state.get("best", -1.0)
+        self.best_round, self.waited = state.get("best_round", 0), state.get("waited", 0)
+
+
 def costly_due(exp: RoundView, record: dict) -> bool:
     """Whether this evaluated round computes the costly figures (``metrics.every``)."""
     return fm.expensive_due(record["round"], exp.cfg.metrics.every, exp.cfg.rounds)
@@ -303,7 +345,7 @@ class FeatureFidelity(Callback):
 
 def metric_callbacks() -> list[Callback]:
     """The per-round metrics every run logs (each switched by its ``metrics.*`` key)."""
-    return [Amm(), TestMetrics(), TrainLoss(), Dissimilarity(), FeatureFidelity()]
+    return [Amm(), TestMetrics(), TrainLoss(), Dissimilarity(), FeatureFidelity(), EarlyStop()]
 
 
 # ---- progress ----

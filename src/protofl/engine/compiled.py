@@ -94,8 +94,10 @@ class CompiledStep:
         """The graph of stack size ``m`` and its arguments but the batch and the mask."""
         if m not in self.args:
             s, rows = self.stack, slice(m)
-            key = (id(s.alg), m)
+            key = (id(s.alg), m, s.setup.lr)  # a decayed learning rate is a new graph
             if key not in self.graphs:
+                for old in [k for k in self.graphs if k[:2] == key[:2]]:
+                    del self.graphs[old]  # an earlier round's learning rate
                 options = ({"triton.cudagraphs": True} if self.dev.type == "cuda"
                            else {"cpp_wrapper": True})
                 self.graphs[key] = torch.compile(_fresh(m), fullgraph=True, dynamic=False,

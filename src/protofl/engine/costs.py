@@ -68,9 +68,12 @@ class Work:
 
     @classmethod
     def of_round(cls, rc: RoundContext, rounds_left: int = 1) -> Work:
-        """The work of a round's jobs (before any client is prepared)."""
+        """The work of a round's jobs (before any client is prepared). A learning rate that
+        decays every round is compiled into every round's graphs anew: a compile is then
+        spread over one round."""
         s = rc.setup
         steps = [job_steps(j, rc.data, s.batch_size, s.by_steps) for j in rc.jobs]
+        rounds_left = rounds_left if s.lr_decay == 1 else 1
         return cls.of(rc.alg.model, rc.data.inputs(rc.data.x_train[:1]), s, steps, rounds_left)
 
     def constants(self) -> dict[str, float]:

@@ -23,12 +23,12 @@ from protofl.engine.divergence import check_loss, remedy
 from protofl.engine.federation import Federation, build
 from protofl.engine.private import stack
 from protofl.engine.runfolder import RunStore, should_checkpoint
-from protofl.engine.schedule import assign_work, sample_clients
+from protofl.engine.schedule import assign_work, drop_out, sample_clients
 from protofl.engine.train import ClientResult, RoundContext, Trainer
 from protofl.errors import Diverged, ProtoflError
 from protofl.nested import flatten
 from protofl.provenance import provenance
-from protofl.seeding import SAMPLE, STRAGGLE, np_rng
+from protofl.seeding import DROP, SAMPLE, STRAGGLE, np_rng
 
 log = logging.getLogger("protofl")
 
@@ -94,7 +94,7 @@ class Experiment:
         """The read-only view of the run that callbacks are given."""
         return RoundView.of(self.cfg, self.data, self.alg, self.state, self.client_states,
                             self.round, self.device, record, self.aggregation, self.stopped,
-                            self.store, self.fed.client_inputs)
+                            self.store, self.fed.client_inputs, self.fed.validation)
 
     def evaluating(self, round: int) -> bool:
         return (round % self.cfg.eval_every == 0 or round == self.cfg.rounds
@@ -115,10 +115,12 @@ class Experiment:
         start = time.perf_counter()
         active = sample_clients(data.train_sizes, c.per_round, c.sampling,
                                 np_rng(cfg.seed, SAMPLE, t))
-        jobs = assign_work(active, c.local_steps or c.local_epochs, c.stragglers,
-                           c.tolerate_partial, np_rng(cfg.seed, STRAGGLE, t))
+        jobs = assign_work(drop_out(active, c.dropout, np_rng(cfg.seed, DROP, t)),
+                           c.local_steps or c.local_epochs, c.stragglers, c.tolerate_partial,
+                           np_rng(cfg.seed, STRAGGLE, t))
         rc = RoundContext(self.alg, self.alg.broadcast(self.state), jobs, data,
-                          self.client_states, self.setup, t, self.aggregation.client_hook())
+                          self.client_states, self.setup.at(t), t,
+                          self.aggregation.client_hook())
         trained = self.trainer.train(rc)
         results, rejected = self.screen(trained, t)
         if trained and all(not math.isfinite(r.loss) for r in trained):
@@ -237,8 +239,9 @@ class Experiment:
                 self.store.start(self.cfg.to_dict(), self.round)
             for cb in self.callbacks:
                 cb.on_run_start(view)
-            if self.round < self.cfg.rounds:  # a resumed run that had reached the budget
-                self.stopped = self.aggregation.stop_reason(self.round + 1)
+            if self.round < self.cfg.rounds:  # a resumed run that had stopped (a budget)
+                self.stopped = self.aggregation.stop_reason(self.round + 1) or (
+                    self.callback_stop(view) if self.round else "")
             try:
                 while self.round < self.cfg.rounds and not self.stopped:
                     record = self.step()
@@ -247,8 +250,7 @@ class Experiment:
                     view = self.view(record)
                     for cb in self.callbacks:
                         cb.on_round_end(view, record)
-                    self.stopped = self.stopped or next(
-                        (r for cb in self.callbacks if (r := cb.stop_reason(view))), "")
+                    self.stopped = self.stopped or self.callback_stop(view)
             finally:
                 self.close()
             summary = self.summary()
@@ -261,6 +263,10 @@ class Experiment:
         finally:
             torch.set_num_threads(threads)
             devices.set_deterministic(False)  # the caller's settings back
+
+    def callback_stop(self, view: RoundView) -> str:
+        """The first callback's reason to end the run here ("" to go on)."""
+        return next((r for cb in self.callbacks if (r := cb.stop_reason(view))), "")
 
     def close(self) -> None:
         """Release what the trainer holds (the parallel trainer's worker processes)."""

@@ -31,6 +31,7 @@ from protofl.engine.spec import RunSpec, check_sizes, resolve, resolve_data
 from protofl.engine.train import LocalSetup
 from protofl.errors import ProtoflError
 from protofl.models.registry import build_model
+from protofl.seeding import VALIDATION, np_rng
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Federation:
     setup: LocalSetup
     state: Tensors  # the initial server state, on ``server``
     rng: torch.Tensor  # torch's generator state after the model was built
+    validation: FederatedData | None = None  # local test splits = the held-out rows
 
     def client_inputs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Client ``k``'s training inputs (as the model sees them) and labels, where the
@@ -64,7 +66,7 @@ def local_setup(spec: RunSpec, device: torch.device) -> LocalSetup:
     c = spec.clients
     return LocalSetup(c.batch_size, c.local_steps is not None, c.optimizer, c.lr, c.momentum,
                       c.weight_decay, spec.seed, str(device), spec.precision,
-                      augmentation(spec.data.augment))
+                      augmentation(spec.data.augment), c.lr_decay)
 
 
 def build(cfg: Config, data: FederatedData | None = None) -> Federation:
@@ -74,6 +76,10 @@ def build(cfg: Config, data: FederatedData | None = None) -> Federation:
     if data is None:
         data = load_dataset(resolve_data(cfg.data), lean=True)  # rows as stored (e.g. uint8)
     spec = resolve(cfg, data)
+    validation = None
+    if spec.data.validation_fraction:
+        data, validation = data.hold_out(spec.data.validation_fraction,
+                                         np_rng(spec.data.seed, VALIDATION))
     train_data = data.pooled() if spec.data.pooled else data
     check_sizes(spec, data, train_data, dev)  # before the model is allocated
     with torch.random.fork_rng(devices=[]):
@@ -94,4 +100,4 @@ def build(cfg: Config, data: FederatedData | None = None) -> Federation:
         raise ProtoflError(f"config: metrics.save_weights: {alg.name} has no aggregate model "
                            "to save (each client keeps its own)")
     return Federation(spec, data, train_data, alg, dev, server, local_setup(spec, dev), state,
-                      rng)
+                      rng, validation)

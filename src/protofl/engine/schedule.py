@@ -24,6 +24,15 @@ def sample_clients(sizes: np.ndarray, k: int, scheme: str, rng: np.random.Genera
     return np.sort(rng.choice(len(sizes), size=k, replace=False, p=p))
 
 
+def drop_out(active: np.ndarray, share: float, rng: np.random.Generator) -> np.ndarray:
+    """The sampled clients that stay in the round: ``round(share * len(active))`` of them,
+    drawn uniformly, drop out (none when ``share`` is 0, and no draw is made)."""
+    n = int(round(share * len(active)))
+    if not n:
+        return active
+    return np.setdiff1d(active, rng.choice(active, size=n, replace=False))
+
+
 @dataclass(frozen=True)
 class Job:
     """One active client's work in a round: ``units`` local epochs, or local steps when the

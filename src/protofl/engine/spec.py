@@ -160,6 +160,9 @@ def resolve(cfg: Config, data: FederatedData) -> RunSpec:
     dataset = dataset_spec(cfg.data.name)  # looked up once, read three times
     task = check_task(cfg, dataset)
     hetero.check(cfg)
+    if cfg.metrics.early_stop and not cfg.data.validation_fraction:
+        raise ProtoflError("config: metrics.early_stop needs data.validation_fraction > 0 "
+                           "(the held-out split it reads)")
     if cfg.trainer != "auto":
         trainer_class(cfg.trainer)  # a name the registry has
     cls = algorithm_class(cfg.algorithm)

@@ -51,6 +51,13 @@ class LocalSetup:
     device: str = "cpu"  # where clients train (a torch device string)
     precision: str = "fp32"  # fp32, or autocast in bf16 / fp16
     augment: Transform | None = None  # the data's batch transform, before the algorithm's
+    lr_decay: float = 1.0  # round t trains at lr * lr_decay^(t-1)
+
+    def at(self, round: int) -> LocalSetup:
+        """The setup of round ``round`` (from 1): its learning rate decayed."""
+        if self.lr_decay == 1:
+            return self
+        return dataclasses.replace(self, lr=self.lr * self.lr_decay ** (round - 1))
 
 
 @dataclass(frozen=True)

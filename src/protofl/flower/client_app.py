@@ -156,8 +156,9 @@ def train_job(job, context: Context, broadcast) -> tuple[Node, ClientResult, str
     state = tree_from_records(context.state, key) if key in context.state else {}
     work = Job(client, int(job["units"]), bool(job["straggler"]))
     alg, broadcast = hetero.node_view(b.alg, b.state, broadcast, client, own_model(context))
-    rc = RoundContext(alg, broadcast, [work], b.data, {client: state}, b.setup,
-                      int(job["round"]), upload_hook(node, context))
+    t = int(job["round"])
+    rc = RoundContext(alg, broadcast, [work], b.data, {client: state}, b.setup.at(t), t,
+                      upload_hook(node, context))
     return node, train_client(rc, work), key
 
 

@@ -59,7 +59,8 @@ LOG_FILE = "flower.log"
 
 
 FEDERATED = ("accuracy", "loss")  # site mode: logged as federated_accuracy, federated_loss
-PER_SITE = ("local_accuracy", "client_accuracy", "clients_evaluated")  # only sites know them
+PER_SITE = ("local_accuracy", "client_accuracy", "client_accuracy_std", "client_accuracy_worst10",
+            "clients_evaluated")  # only sites know them
 
 
 class RemoteTestMetrics(TestMetrics):

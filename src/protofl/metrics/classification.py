@@ -1,5 +1,6 @@
 """Classification figures from predictions: accuracy, balanced accuracy, precision, recall,
-F1 (weighted and macro) and the confusion matrix."""
+F1 (weighted and macro) and the confusion matrix; from class scores, the ROC AUC; over
+clients, the spread of their accuracies."""
 
 from __future__ import annotations
 
@@ -43,3 +44,28 @@ def confusion_report(m: np.ndarray) -> dict:
         "f1_macro": float(f1[present].mean()) if present.any() else 0.0,
         "confusion": m.tolist(),
     }
+
+
+def auc(y_true: np.ndarray, scores: np.ndarray) -> float | None:
+    """Macro one-vs-rest ROC AUC (scikit-learn's ``roc_auc_score``) of the softmax of class
+    scores ``(n, C)``, over the classes with both positives and negatives among ``y_true``;
+    None where no class has both."""
+    from sklearn.metrics import roc_auc_score
+
+    scores = np.asarray(scores, dtype=np.float64)
+    probs = np.exp(scores - scores.max(1, keepdims=True))
+    probs /= probs.sum(1, keepdims=True)
+    truth = np.asarray(y_true)[:, None] == np.arange(scores.shape[1])
+    both = truth.any(0) & ~truth.all(0)
+    if not both.any():
+        return None
+    return float(roc_auc_score(truth[:, both], probs[:, both], average="macro"))
+
+
+def spread(accs: list[float]) -> dict:
+    """How unevenly clients fare: ``client_accuracy_std`` (the population standard deviation
+    of their accuracies) and ``client_accuracy_worst10`` (the mean of the lowest tenth, at
+    least one client)."""
+    a = np.sort(np.asarray(accs, dtype=np.float64))
+    worst = a[:max(1, int(np.ceil(0.1 * len(a))))]
+    return {"client_accuracy_std": float(a.std()), "client_accuracy_worst10": float(worst.mean())}

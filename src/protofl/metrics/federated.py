@@ -28,7 +28,7 @@ from protofl.algorithms.base import Algorithm, Tensors
 from protofl.algorithms.capabilities import personalized
 from protofl.data.federated import FederatedData
 from protofl.metrics import segmentation as seg
-from protofl.metrics.classification import report
+from protofl.metrics.classification import auc, report, spread
 from protofl.models.nets import ProtoNet
 
 Inputs = Callable[[torch.Tensor], torch.Tensor]
@@ -81,8 +81,8 @@ def evaluate(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors,
              state: Tensors, x: torch.Tensor, y: torch.Tensor, num_classes: int,
              batch: int = EVAL_BATCH, inputs: Inputs | None = None,
              class_names: list[str] | None = None) -> dict:
-    """Classification report plus mean cross-entropy of the class scores (segmentation
-    masks: ``metrics.segmentation.evaluate``, mIoU and pixel accuracy)."""
+    """Classification report plus mean cross-entropy and ROC AUC of the class scores
+    (segmentation masks: ``metrics.segmentation.evaluate``, mIoU and pixel accuracy)."""
     if len(y) == 0:
         return {}
     if tasks.dense(y):
@@ -91,6 +91,7 @@ def evaluate(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors,
     s = scores(alg, model, params, buffers, state, x, batch, inputs)
     out = report(y.numpy(), s.argmax(1).cpu().numpy(), num_classes)
     out["loss"] = float(F.cross_entropy(s, y.to(s.device)))
+    out["auc"] = auc(y.numpy(), s.float().cpu().numpy())
     return out
 
 
@@ -98,10 +99,11 @@ def client_predictions(alg: Algorithm, model: ProtoNet, state: Tensors, data: Fe
                        client_states: dict[int, Tensors], batch: int = EVAL_BATCH,
                        clients: list[int] | None = None
                        ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """``client -> (labels, predictions)`` on each client's own local test split (all clients,
+    """``client -> (labels, outputs)`` on each client's own local test split (all clients,
     or ``clients``), with the weights ``alg.eval_weights`` gives it: the aggregate model's,
     or (personalised methods) the client's own, before its first round the one it would start
-    from.
+    from. Outputs are class scores ``(n, C)`` (classification) or predicted label maps
+    (segmentation).
 
     Every client scored with the aggregate weights is scored in one pass over their
     concatenated test rows, split back by the offsets; only personalised models go one by one.
@@ -121,44 +123,50 @@ def client_predictions(alg: Algorithm, model: ProtoNet, state: Tensors, data: Fe
             x = data.x_local_test[torch.from_numpy(np.concatenate(
                 [np.arange(off[k], off[k + 1]) for k in shared]))]
         w = weights[shared[0]]
-        p = labels(alg, model, w["params"], w["buffers"], state, x, batch, data.inputs)
+        p = outputs(alg, model, w["params"], w["buffers"], state, x, batch, data.inputs)
         sizes = [int(off[k + 1] - off[k]) for k in shared]
         preds.update(zip(shared, torch.split(p, sizes)))
     for k in ks if personalized(alg) else []:
         w = weights[k]
-        preds[k] = labels(alg, model, w["params"], w["buffers"], state, data.client_test(k)[0],
-                          batch, data.inputs)
+        preds[k] = outputs(alg, model, w["params"], w["buffers"], state,
+                           data.client_test(k)[0], batch, data.inputs)
     return {k: (data.client_test(k)[1], preds[k]) for k in sorted(preds)}
 
 
 @torch.no_grad()
-def labels(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors,
-           state: Tensors, x: torch.Tensor, batch: int, inputs: Inputs | None = None
-           ) -> torch.Tensor:
-    """Predicted labels (argmax of the class scores) of rows ``x``, on the CPU, ``batch`` rows
-    a pass (for label maps only a pass's scores are ever held)."""
+def outputs(alg: Algorithm, model: ProtoNet, params: Tensors, buffers: Tensors,
+            state: Tensors, x: torch.Tensor, batch: int, inputs: Inputs | None = None
+            ) -> torch.Tensor:
+    """Class scores (classification, at least float32) or predicted label maps (segmentation: only a
+    pass's scores are ever held) of rows ``x``, on the CPU, ``batch`` rows a pass."""
     predict = predictor(alg, model, params, buffers, state, inputs)  # weights moved once
-    return torch.cat([predict(x[i:i + batch]).argmax(1).cpu()
-                      for i in range(0, max(len(x), 1), batch)])
+    passes = (predict(x[i:i + batch]) for i in range(0, max(len(x), 1), batch))
+    return torch.cat([s.argmax(1).cpu() if s.dim() > 2 else s.cpu() for s in passes])
 
 
 def client_figures(preds: dict[int, tuple[torch.Tensor, torch.Tensor]], num_classes: int,
                    pooled: bool) -> dict:
-    """``local_accuracy`` (mean over clients), ``client_accuracy`` (per client, by id) and
-    ``clients_evaluated`` (how many clients those figures cover); with ``pooled``, also the
-    classification report of all clients' predictions together (how personalised methods are
-    scored). Segmentation: pixel accuracies and per-client mIoU too
-    (``metrics.segmentation.client_figures``)."""
+    """``local_accuracy`` (mean over clients), ``client_accuracy`` (per client, by id), its
+    spread (``classification.spread``) and ``clients_evaluated`` (how many clients those
+    figures cover), from ``client -> (labels, outputs)`` (``client_predictions``); with
+    ``pooled``, also the classification report and the ROC AUC of all clients' predictions
+    together (how personalised methods are scored). Segmentation: pixel accuracies and
+    per-client mIoU too (``metrics.segmentation.client_figures``)."""
     if not preds:
         return {"clients_evaluated": 0}
     ks = sorted(preds)
     if tasks.dense(preds[ks[0]][0]):
         return {**seg.client_figures(preds, num_classes, pooled), "clients_evaluated": len(ks)}
-    accs = [float((preds[k][1] == preds[k][0]).float().mean()) for k in ks]
-    out = report(torch.cat([preds[k][0] for k in ks]).numpy(),
-                 torch.cat([preds[k][1] for k in ks]).numpy(), num_classes) if pooled else {}
+    labels = {k: preds[k][1].argmax(1) for k in ks}
+    accs = [float((labels[k] == preds[k][0]).float().mean()) for k in ks]
+    out = {}
+    if pooled:
+        y = torch.cat([preds[k][0] for k in ks]).numpy()
+        out = report(y, torch.cat([labels[k] for k in ks]).numpy(), num_classes)
+        out["auc"] = auc(y, torch.cat([preds[k][1] for k in ks]).numpy())
     out["local_accuracy"] = float(np.mean(accs))
     out["client_accuracy"] = dict(zip(map(str, ks), accs))
+    out.update(spread(accs))
     out["clients_evaluated"] = len(ks)
     return out
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from protofl import tasks
 from protofl.errors import ProtoflError
+from protofl.metrics.classification import spread
 from protofl.tasks import VOID
 
 Predict = Callable[[torch.Tensor], torch.Tensor]  # model inputs -> logits (B, C, H, W)
@@ -194,5 +195,6 @@ def client_figures(preds: dict[int, tuple[torch.Tensor, torch.Tensor]], num_clas
         out["accuracy"] = out["pixel_accuracy"]
         out["confusion"] = np.asarray(total).tolist()
     out.update(local_accuracy=float(np.mean(list(acc.values()))), client_accuracy=acc,
+               **spread(list(acc.values())),
                local_miou=float(np.mean(list(miou.values()))), client_miou=miou)
     return out

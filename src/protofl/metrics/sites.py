@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from protofl.algorithms.base import Algorithm, Tensors, Weights
-from protofl.metrics.classification import confusion, confusion_report
+from protofl.metrics.classification import confusion, confusion_report, spread
 from protofl.metrics.federated import EVAL_BATCH, Inputs, scores
 from protofl.models.nets import ProtoNet
 
@@ -45,7 +45,8 @@ def score_split(alg: Algorithm, model: ProtoNet, weights: Weights | None, state:
 def pooled_figures(sites: dict[int, SiteScore]) -> dict:
     """The classification report of all sites' samples together (from the summed confusion
     matrices), ``loss`` (summed cross-entropy / samples), ``local_accuracy`` (the mean of the
-    sites' accuracies), ``client_accuracy`` (by site) and ``clients_evaluated`` (how many
+    sites' accuracies), ``client_accuracy`` (by site), its spread
+    (``classification.spread``) and ``clients_evaluated`` (how many
     sites those cover); sites without samples are left out, and nothing is returned when
     none has any."""
     ks = sorted(k for k, s in sites.items() if s.n > 0)
@@ -56,5 +57,6 @@ def pooled_figures(sites: dict[int, SiteScore]) -> dict:
     accs = [float(np.trace(sites[k].confusion) / sites[k].n) for k in ks]
     out["local_accuracy"] = float(np.mean(accs))
     out["client_accuracy"] = dict(zip(map(str, ks), accs))
+    out.update(spread(accs))
     out["clients_evaluated"] = len(ks)
     return out

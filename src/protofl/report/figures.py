@@ -21,6 +21,10 @@ NAMES = {"accuracy": "test accuracy", "balanced_accuracy": "balanced accuracy",
          "weighted recall", "recall_macro": "macro recall", "miou": "test mIoU",
          "pixel_accuracy": "test pixel accuracy", "mean_class_accuracy":
          "mean class accuracy (pixels)", "local_miou": "local mIoU (mean over clients)",
+         "auc": "test ROC AUC (macro, one-vs-rest)", "client_accuracy_std":
+         "std of the clients' local accuracies", "client_accuracy_worst10":
+         "local accuracy of the worst 10% of clients", "validation_accuracy":
+         "validation accuracy (held-out training rows)",
          "seconds": "wall-clock s (cumulative)"}
 FIRST = ("miou", "accuracy", "loss", "train_loss", "local_miou", "local_accuracy",
          "dissimilarity", "amm", "mmd")

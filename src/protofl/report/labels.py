@@ -38,8 +38,9 @@ KEY_WORDS = {"clients.lr": "lr", "clients.per_round": "per round", "clients.stra
 
 # columns of the comparison table: summary key -> header (a column shows when a run has it)
 COLUMNS = {"miou": "mIoU", "accuracy": "accuracy", "balanced_accuracy": "balanced accuracy",
-           "f1_weighted": "weighted F1", "local_miou": "local mIoU",
-           "local_accuracy": "local accuracy", "train_loss": "training loss",
+           "f1_weighted": "weighted F1", "auc": "AUC", "local_miou": "local mIoU",
+           "local_accuracy": "local accuracy", "client_accuracy_std": "client std",
+           "client_accuracy_worst10": "worst 10% clients", "train_loss": "training loss",
            "dissimilarity": "gradient dissimilarity", "amm": "AMM", "seconds": "wall-clock s"}
 # segmentation runs log their pixel accuracy under the keys every task logs
 SEGMENTATION_HEADERS = {"accuracy": "pixel accuracy", "local_accuracy": "local pixel accuracy"}
