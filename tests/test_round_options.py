@@ -137,3 +137,13 @@ def test_early_stopping_after_patience_without_a_better_validation_accuracy(tmp_
 def test_early_stopping_needs_a_validation_split():
     with pytest.raises(ProtoflError, match="needs data.validation_fraction"):
         Experiment(config(metrics={"early_stop": 3}))
+
+
+def test_early_stopping_refuses_a_server_without_validation_rows():
+    from types import SimpleNamespace
+
+    from protofl.engine.callbacks import EarlyStop
+
+    cfg = SimpleNamespace(metrics=SimpleNamespace(early_stop=2))
+    with pytest.raises(ProtoflError, match="holds no validation rows"):
+        EarlyStop().before_run(SimpleNamespace(cfg=cfg, validation=None))

@@ -228,6 +228,12 @@ class EarlyStop(Callback):
     def __init__(self) -> None:
         self.best, self.best_round, self.waited = -1.0, 0, 0
 
+    def before_run(self, exp):
+        v = exp.validation
+        if exp.cfg.metrics.early_stop and (v is None or not len(v.y_local_test)):
+            raise ProtoflError("metrics.early_stop: this server holds no validation rows (a "
+                               "Flower site federation's data stay at the sites)")
+
     def on_evaluate(self, exp, record):
         if exp.validation is None:
             return
