@@ -67,7 +67,8 @@ def test_a_hand_made_entry_gives_the_exact_sentences():
     assert comparison_sentence("default", head, paired(_curves(FEDMARGIN), _curves(FEDAVG))) == (
         "fedmargin − fedavg (sampling ∝ size, partial work, weighting; decides): "
         "**reproduced**; last 10% +0.120 [+0.100, +0.140], lies above 0; area +0.120 "
-        "[+0.100, +0.140], lies above 0 (last 10%: fedmargin 0.520 vs fedavg 0.400; n = 5)")
+        "[+0.100, +0.140], lies above 0; the last 10% means: fedmargin 0.520 vs fedavg 0.400; "
+        "n = 5")
     assert "  - fedmargin − fedavg-size-sampled (partial work, weighting): **inconclusive**; " \
            "last 10% +0.120 [-0.057, +0.297], straddles 0;" in "\n".join(lines)
     assert f"  - {size_sampled.method} − {size_sampled.baseline}" in "\n".join(lines)

@@ -26,8 +26,8 @@ def comparison_sentence(split: str, c: Any, res: dict[str, Any]) -> str:
     if not res["n"]:
         return f"{head}: not run yet (no paired runs)"
     m, b = res["means"]["method"]["last"], res["means"]["baseline"]["last"]
-    return (f"{head}: {verdict_text(res)}; {placed_text(res)} (last 10%: {c.method} {m:.3f} "
-            f"vs {c.baseline} {b:.3f}; n = {res['n']})")
+    return (f"{head}: {verdict_text(res)}; {placed_text(res)}; the last 10% means: "
+            f"{c.method} {m:.3f} vs {c.baseline} {b:.3f}; n = {res['n']}")
 
 
 def finals_sentence(claim: Claim, entry: dict, split: str) -> str:
