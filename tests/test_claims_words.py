@@ -99,6 +99,9 @@ def test_the_words_follow_the_numbers_when_they_change():
     short = claim_words(claim, {**_entry(), "budget": "short"})
     assert short == ["- **digits**: run here only at the short budget (seeds 0, 1, 2, 3, 4): "
                      "**reproduced** by the claim rule; a smoke test, never evidence."]
+    empty = {**_entry(), "runs": {"default": {}}}
+    assert claim_words(claim, empty) == ["- **digits**: **inconclusive** by the claim rule; "
+                                         "none of its variants' runs has finished."]
     assert words_markdown({}).startswith("- Not run here (the tables say why and give the "
                                          "command): synthetic, synthetic-main, digits,")
 

@@ -62,6 +62,9 @@ def claim_words(claim: Claim, entry: dict | None) -> list[str]:
     if entry["budget"] != "paper":
         return [f"- **{claim.name}**: run here only at the short budget (seeds {seeds}): "
                 f"{word} by the claim rule; a smoke test, never evidence."]
+    if not any(c for v in entry["runs"].values() for c in v.values()):
+        return [f"- **{claim.name}**: {word} by the claim rule; none of its variants' runs "
+                "has finished."]
     ran = list(entry.get("splits") or claim.splits)
     missing = [k for k in claim.splits if k not in ran]
     keys = {k for v in entry["runs"].values() for c in v.values() for k in c}
