@@ -68,3 +68,44 @@ def test_report_regenerates_evidence_and_page_unchanged(tmp_path):
     assert main(["report", str(ev), "--reproduction", str(md), "--evidence", str(ev),
                  "--overwrite"]) == 0
     assert _bytes(ev) == files and md.read_bytes() == page
+
+
+def test_the_committed_page_regenerates_from_the_committed_evidence(tmp_path):
+    """docs/reproduction.md and docs/reproduction/*.json, regenerated from the evidence
+    folder alone (a copy), come out byte for byte as committed (the figure is left out: its
+    bytes depend on matplotlib's version)."""
+    import shutil
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    shutil.copytree(docs / "reproduction", tmp_path / "reproduction")
+    shutil.copy(docs / "reproduction.md", tmp_path / "reproduction.md")
+    ev, md = tmp_path / "reproduction", tmp_path / "reproduction.md"
+    assert main(["report", str(ev), "--reproduction", str(md), "--evidence", str(ev),
+                 "--overwrite"]) == 0
+    assert _bytes(ev) == _bytes(docs / "reproduction")
+    assert md.read_bytes() == (docs / "reproduction.md").read_bytes()
+
+
+def test_the_alternatives_runs_are_kept_in_the_evidence(tmp_path):
+    """``suite reproduce --alternatives`` folders: their curves under the key
+    ``alternatives`` (references first, then the alternatives in their order), merged with the
+    claim's own runs of the same budget and overrides, and read back unchanged."""
+    runs = _suite(tmp_path / "runs", {})
+    alt = tmp_path / "alt"
+    for label in ("score=dplus", "fedavg", "fedmargin"):
+        for s in range(3):
+            make_run(alt / "digits" / "default" / "alternatives" / label / f"seed{s}", "fedavg",
+                     seed=s, rounds=6, raw={"data": {"seed": s}})
+    write_record(alt, {"digits": {"budget": "paper", "status": "run", "seeds": [0, 1, 2],
+                                  "splits": ["default"], "overrides": {}}})
+    merged = merge([runs, alt])["digits"]
+    assert sorted(merged["runs"]["default"]) == sorted(VARIANTS)
+    assert list(merged["alternatives"]["default"]) == ["fedmargin", "fedavg", "score=dplus"]
+    ev = tmp_path / "ev"
+    write(merge([runs, alt]), ev)
+    doc = json.loads((ev / "digits.json").read_text())
+    assert list(doc)[-1] == "alternatives" and "alternatives" not in json.loads(
+        (ev / "mnist.json").read_text())
+    again = tmp_path / "again"
+    write(merge([ev]), again)
+    assert _bytes(again) == _bytes(ev)

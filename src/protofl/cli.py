@@ -157,11 +157,12 @@ def cmd_suite(args) -> int:
         splits = tuple(s.strip() for s in args.splits.split(",") if s.strip()) if (
             args.splits) else None
         print(run_reproduce(args.claims, args.budget, out, args.jobs, _seeds(args.seeds),
-                            overrides, splits))
+                            overrides, splits, args.alternatives))
         print(f"verdicts: {out / 'claims.md'}")
         return 0
-    if args.claims or args.splits:
-        raise ProtoflError("--claims and --splits are options of 'protofl suite reproduce'")
+    if args.claims or args.splits or args.alternatives:
+        raise ProtoflError("--claims, --splits and --alternatives are options of 'protofl "
+                           "suite reproduce'")
     name = budget_name(args.name, args.budget)
     out = _path(args.out or f"runs/{name}")
     print(run_suite(name, out, args.jobs, _seeds(args.seeds), overrides))
@@ -374,6 +375,9 @@ def run_parsers(sub) -> None:
                    "docs/reproduction.md)")
     q.add_argument("--splits", help="reproduce: comma-separated splits of the claims named "
                    "(default: all; e.g. a0.1)")
+    q.add_argument("--alternatives", action="store_true", help="reproduce: instead of the "
+                   "claims' variants, fedmargin's reconstructed alternatives and their references "
+                   "(the claims that have them; docs/reproduction.md)")
     q.add_argument("--budget", choices=("short", "paper"), default="short",
                    help="reproduce and heterogeneous: short (minutes) or paper (the paper's "
                    "protocol)")

@@ -44,6 +44,7 @@ MIN_SEEDS = 5
 TAIL = 0.10
 LEVEL = 0.95
 READINGS = ("last", "area")
+READING_WORDS = {"last": "last 10%", "area": "area"}  # as the page names them
 # How far a run's reading moves when the same config and seed run again on another machine
 # (issue 29: reruns of this evidence's runs on another machine moved a run's reading by up to
 # 0.0003; the same machine repeats it bit for bit). A deciding interval bound within it of 0
@@ -138,7 +139,7 @@ def verdict_text(res: dict[str, Any]) -> str:
     if not fragile(res):
         return f"**{res['verdict']}**"
     reading, which, bound = deciding_bound(res)
-    word = "last 10%" if reading == "last" else reading
+    word = READING_WORDS[reading]
     return (f"**fragile** ({res['verdict']} by the rule, but the {word} {which} bound "
             f"{bound:+.5f} lies within the cross-machine drift ±{DRIFT})")
 
@@ -185,12 +186,33 @@ def _num(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{x:+.3f}"
 
 
+
+def interval_text(iv: dict[str, Any]) -> str:
+    """``+0.012 [-0.004, +0.028]``: a reading's mean difference and its interval."""
+    return f"{_num(iv['mean'])} [{_num(iv['lo'])}, {_num(iv['hi'])}]"
+
+
+def placement(iv: dict[str, Any], drift: float = DRIFT) -> str:
+    """Where a reading's interval lies against 0, in the words the page uses: ``lies above
+    0``, ``lies at or below 0`` (as ``side`` reads it), ``straddles 0``, each decided side
+    marked ``fragile`` when its bound nearest 0 lies within ``drift`` of it."""
+    if math.isnan(iv["lo"]) or math.isnan(iv["hi"]):
+        return "has no interval (fewer than 2 pairs)"
+    where = side(iv)
+    if where == "straddles":
+        return "straddles 0"
+    bound = iv["lo"] if where == "above" else iv["hi"]
+    text = "lies above 0" if where == "above" else (
+        "lies below 0" if bound < 0 else "touches 0 from below")
+    if abs(bound) <= drift:
+        text += f" (fragile: its bound {bound:+.5f} lies within the drift ±{drift})"
+    return text
+
+
 def result_text(res: dict[str, Any]) -> str:
-    """``last: +0.012 [-0.004, +0.028]; area: ...`` with the means compared."""
+    """``last 10%: +0.012 [-0.004, +0.028] (0.5 vs 0.4); area: ...; n = 5``."""
     parts = []
-    for r, word in (("last", "last 10%"), ("area", "area")):
-        iv = res["intervals"][r]
+    for r, word in READING_WORDS.items():
         m, b = res["means"]["method"][r], res["means"]["baseline"][r]
-        parts.append(f"{word}: {_num(iv['mean'])} [{_num(iv['lo'])}, {_num(iv['hi'])}] "
-                     f"({m:.3f} vs {b:.3f})")
+        parts.append(f"{word}: {interval_text(res['intervals'][r])} ({m:.3f} vs {b:.3f})")
     return "; ".join(parts) + f"; n = {res['n']}"

