@@ -9,7 +9,13 @@ import pytest
 from protofl.errors import ProtoflError
 from protofl.report.claims import DRIFT, paired, placement
 from protofl.reproduce import CLAIMS, reproduce_plan
-from protofl.reproduce.sensitivity import drift, drift_text, sensitivity_rows
+from protofl.reproduce.sensitivity import (
+    drift,
+    drift_check_text,
+    drift_text,
+    sensitivity_rows,
+    within_drift,
+)
 from protofl.reproduce.words import claim_words, comparison_sentence, words_markdown
 
 
@@ -128,6 +134,13 @@ def test_sensitivity_rows_and_the_references_drift():
     assert d["round"] == pytest.approx(0.001) and d["reading"] == pytest.approx(0.001)
     assert "on 6 of 10 curves bit for bit; the others differ by up to 0.0010 in a round" in (
         drift_text({"digits": entry}))
+    # the measured 0.001 exceeds the rule's drift: what it would make fragile. fedmargin -
+    # fedavg's lower bounds are ~0.10 (none within 0.001); within 0.11, the headline is
+    assert drift_check_text({"digits": entry}) == (
+        f"Were the rule's drift the 0.0010 measured here, not ±{DRIFT}, the comparisons whose "
+        "deciding bound would lie within it: none.")
+    assert within_drift({"digits": entry}, 0.11) == ["digits: fedmargin − fedavg"]
+    assert drift_check_text({"digits": _entry()}) == ""  # nothing measured
 
 
 def test_alternatives_jobs(tmp_path):

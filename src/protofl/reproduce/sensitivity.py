@@ -10,8 +10,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from protofl.report.claims import (
+    DRIFT,
     READING_WORDS,
     Curves,
+    fragile,
     interval_text,
     paired,
     placement,
@@ -19,6 +21,7 @@ from protofl.report.claims import (
     verdict_text,
 )
 from protofl.reproduce.claims import ALTERNATIVES, CLAIMS, REFERENCES, Claim
+from protofl.reproduce.tables import results
 
 HEADER = ["| claim | alternative | alternative − default fedmargin (mean [95% t-interval], "
           "where it lies) | against FedAvg: the rule's verdict, alternative − FedAvg |",
@@ -103,11 +106,32 @@ def drift_text(records: dict[str, dict]) -> str:
             "runs.")
 
 
+def within_drift(records: dict[str, dict], drift: float) -> list[str]:
+    """The decided comparisons of every claim whose deciding bound lies within ``drift``
+    of 0 (``report.claims.fragile``), as ``claim (split): method - baseline``."""
+    return [f"{name}{'' if split == 'default' else f' ({split})'}: {c.method} − {c.baseline}"
+            for name, claim in CLAIMS.items() if name in records
+            for split, c, res in results(claim, records[name])
+            if res is not None and fragile(res, drift)]
+
+
+def drift_check_text(records: dict[str, dict]) -> str:
+    """What the drift measured beside the alternatives would make fragile, were it the
+    rule's (it is not: the rule's was fixed before the runs); '' without a measurement."""
+    d = drift(records)
+    if not d["curves"] or d["reading"] <= DRIFT:
+        return ""
+    hit = within_drift(records, d["reading"])
+    return (f"Were the rule's drift the {d['reading']:.4f} measured here, not ±{DRIFT}, the "
+            f"comparisons whose deciding bound would lie within it: "
+            f"{'; '.join(hit) if hit else 'none'}.")
+
+
 def sensitivity_markdown(records: dict[str, dict]) -> str:
     """The sensitivity table over every claim whose evidence holds alternatives."""
     rows = [row for name, claim in CLAIMS.items() if name in records
             for row in sensitivity_rows(claim, records[name])]
     if not rows:
         return "No alternative has run (`protofl suite reproduce --alternatives`)."
-    text = drift_text(records)
+    text = " ".join(t for t in (drift_text(records), drift_check_text(records)) if t)
     return "\n".join([*HEADER, *rows, *(["", text] if text else [])])
