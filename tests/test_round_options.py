@@ -147,3 +147,12 @@ def test_early_stopping_refuses_a_server_without_validation_rows():
     cfg = SimpleNamespace(metrics=SimpleNamespace(early_stop=2))
     with pytest.raises(ProtoflError, match="holds no validation rows"):
         EarlyStop().before_run(SimpleNamespace(cfg=cfg, validation=None))
+
+
+def test_flower_refuses_early_stopping_of_personalised_clients():
+    from protofl.flower.server_app import run_on_grid
+
+    cfg = config(algorithm="fedproto", data={"validation_fraction": 0.2},
+                 metrics={"early_stop": 2})
+    with pytest.raises(ProtoflError, match="stays at its node"):
+        run_on_grid(cfg, None)  # refused before the grid is asked anything

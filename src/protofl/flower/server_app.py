@@ -40,7 +40,7 @@ from protofl.algorithms.capabilities import personalized
 from protofl.api import folder_callbacks
 from protofl.config import Config
 from protofl.data.site import SiteFederation
-from protofl.engine.callbacks import Callback, TestMetrics, metric_callbacks
+from protofl.engine.callbacks import Callback, EarlyStop, TestMetrics, metric_callbacks
 from protofl.engine.experiment import Experiment
 from protofl.engine.runfolder import CONFIG, RunStore
 from protofl.errors import ProtoflError
@@ -113,6 +113,13 @@ def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout:
     if exp.cfg.data.pooled:
         raise ProtoflError(f"flower: {exp.alg.name} trains on the pooled data of every client, "
                            "which a federation never gathers; run it with `protofl run`")
+    if personalized(exp.alg) and exp.fed.validation is not None:
+        # its clients' models stay at their nodes: the server cannot score their validation rows
+        if exp.cfg.metrics.early_stop:
+            raise ProtoflError(f"flower: metrics.early_stop with {exp.alg.name}: each client's "
+                               "model stays at its node, so the server cannot score the "
+                               "validation split; run it with `protofl run`")
+        exp.callbacks = [cb for cb in exp.callbacks if not isinstance(cb, EarlyStop)]
     if out is None:
         exp.run()
         return exp
