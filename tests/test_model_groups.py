@@ -235,3 +235,37 @@ def test_members_of_one_extractor_share_its_initial_weights_not_their_heads():
 def test_bad_members_are_one_line_errors(name, needle):
     with pytest.raises(ProtoflError, match=needle):
         families.resolve(ModelConfig(per_client=[name]))
+
+
+def test_a_torchvision_resnet50_state_dict_loads(tmp_path):
+    """torchvision's Bottleneck names (conv1-3, bn1-3, downsample), written out here, load
+    into protofl's ResNet-50 with BatchNorm, every tensor in its place."""
+    g = torch.Generator().manual_seed(0)
+    sd: dict[str, torch.Tensor] = {"conv1.weight": torch.randn(64, 3, 7, 7, generator=g)}
+
+    def bn(prefix: str, c: int) -> None:
+        for stat in ("weight", "bias", "running_mean", "running_var"):
+            sd[f"{prefix}.{stat}"] = torch.rand(c, generator=g) + 0.5
+
+    bn("bn1", 64)
+    c = 64
+    for i, (w, n) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3)), start=1):
+        for b in range(n):
+            pre = f"layer{i}.{b}"
+            shapes = ((w, c, 1, 1), (w, w, 3, 3), (4 * w, w, 1, 1))
+            for j, shape in enumerate(shapes, start=1):
+                sd[f"{pre}.conv{j}.weight"] = torch.randn(*shape, generator=g)
+                bn(f"{pre}.bn{j}", shape[0])
+            if b == 0:
+                sd[f"{pre}.downsample.0.weight"] = torch.randn(4 * w, c, 1, 1, generator=g)
+                bn(f"{pre}.downsample.1", 4 * w)
+            c = 4 * w
+    sd["fc.weight"], sd["fc.bias"] = torch.randn(1000, 2048), torch.randn(1000)
+    torch.save(sd, tmp_path / "r50.pth")
+    model = build_model("resnet50", (3, 64, 64), 5,
+                        ModelConfig(norm="batch", pretrained=str(tmp_path / "r50.pth")))
+    ours = model.state_dict()
+    assert torch.equal(ours["layer3.5.conv3.weight"], sd["layer3.5.conv3.weight"])
+    assert torch.equal(ours["layer4.0.norm3.running_var"], sd["layer4.0.bn3.running_var"])
+    assert torch.equal(ours["layer1.0.shortcut.1.weight"], sd["layer1.0.downsample.1.weight"])
+    assert torch.equal(ours["stem.0.weight"], sd["conv1.weight"])
