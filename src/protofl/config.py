@@ -197,10 +197,10 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     name: str = option("auto", "model (auto: the dataset's paper model; see docs)")
-    norm: str = option("group", "ResNet-18 and DeepLab normalisation (BatchNorm trains "
+    norm: str = option("group", "ResNet, GoogLeNet and DeepLab normalisation (BatchNorm trains "
                                 "sequentially; frozen: the pretrained BatchNorm statistics "
                                 "frozen)", choices=("group", "batch", "frozen"))
-    pretrained: str | None = option(None, "a local ImageNet state_dict for ResNet-18 (or "
+    pretrained: str | None = option(None, "a local ImageNet state_dict for a ResNet (or "
                                           "torchvision's mobilenet_v2 for DeepLab's encoder)",
                                     path=True)
     width: float | None = option(None, "deeplabv3plus: MobileNetV2 width multiplier (null: "

@@ -13,6 +13,13 @@ linear layer (``linear``). Every client keeps its own head: no weight is shared,
 
 Clients with the same model name form one group: they start from the same initial weights
 (built once, in list order, under the run's seed) and the vectorized trainer stacks them.
+
+A member ``NAME+head:H1-H2`` is model ``NAME`` with an MLP head instead of the linear one:
+``d -> H1 -> H2 -> classes``, ReLU between (HtFLlib's ``Head(hidden_dims=[d, H1, H2])``, its
+"HtC" heterogeneous classifiers). Members that share ``NAME`` share the extractor's initial
+weights (HtFLlib builds every client's model after ``torch.manual_seed(0)``); only the heads
+differ. HtFLlib's ``Head`` also puts a ReLU after the class layer; protofl's logits stay
+linear.
 """
 
 from __future__ import annotations
@@ -25,10 +32,11 @@ from torch import nn
 
 from protofl.config import ModelConfig
 from protofl.errors import ProtoflError
-from protofl.models.deeplab import MobileNetV2Encoder
+from protofl.models.deeplab import ConvNormAct, MobileNetV2Encoder, divisible
 from protofl.models.nets import ConvNet, ProtoNet
 
 PROJECTIONS = ("pool", "linear")
+MOBILENETS = {"mobilenetv2": 0, "mobilenetv2_1280": 1280}  # name -> last 1x1 conv width
 DEFAULT_DIM = 128  # d of a per_client list that starts with a CNN or MLP member
 
 # conv widths of the CNN members (3x3 kernels, each block conv-ReLU-maxpool), then fc d
@@ -39,6 +47,13 @@ CNNS: dict[str, tuple[int, ...]] = {
     "cnn_wide": (64, 128),
 }
 
+HEAD_SEP = "+head:"  # NAME+head:H1-H2: model NAME with the MLP head d -> H1 -> H2 -> classes
+# HtFLlib's HtC-img-4 heads, Head(hidden_dims=[512]), [512, 512], [512, 256], [512, 128]
+# (the first entry is d): the linear head, then one hidden layer of 512, 256, 128
+HTC_HEADS = ("", f"{HEAD_SEP}512", f"{HEAD_SEP}256", f"{HEAD_SEP}128")
+HTFE_IMG_8 = ("fedavg_cnn", "googlenet", "mobilenetv2_1280", "resnet18", "resnet34", "resnet50",
+              "resnet101", "resnet152")
+
 # name -> (members, feature size d, where it comes from)
 FAMILIES: dict[str, tuple[tuple[str, ...], int, str]] = {
     "htfe-cnn": (("cnn1", "cnn2", "cnn3", "cnn_wide"), 128,
@@ -46,10 +61,30 @@ FAMILIES: dict[str, tuple[tuple[str, ...], int, str]] = {
     "htfe-mixed": (("mlp", "cnn1", "cnn2", "cnn3"), 128,
                    "an MLP and CNNs of 1-3 conv blocks"),
     "htfe-img": (("cnn2", "mobilenetv2", "resnet18", "cnn3"), 512,
-                 "HtFE-img-4 as far as protofl has its models: a CNN, MobileNetV2, ResNet-18 "
-                 "(GoogLeNet replaced by a 3-block CNN); d = 512 as in HtFLlib"),
+                 "protofl's earlier stand-in for HtFE-img-4 (a CNN, MobileNetV2 without its "
+                 "1280 conv, ResNet-18, a 3-block CNN), kept so that its runs still resolve; "
+                 "htfe-img-4 is HtFLlib's group"),
     "htfe-mlp": (("mlp", "mlp_small", "mlp_wide", "mlp_deep"), 128,
                  "MLPs of several widths and depths (vector inputs such as Synthetic)"),
+    # HtFLlib's image groups (system/main.py, model_family), d = 512 (its scripts' feature_dim)
+    "htfe-img-2": (("fedavg_cnn", "resnet18"), 512,
+                   "HtFLlib's HtFE-img-2: FedAvgCNN, ResNet-18"),
+    "htfe-img-3": (("resnet10", "resnet18", "resnet34"), 512,
+                   "HtFLlib's HtFE-img-3: ResNet-10, -18, -34"),
+    "htfe-img-4": (("fedavg_cnn", "googlenet", "mobilenetv2_1280", "resnet18"), 512,
+                   "HtFLlib's HtFE-img-4: FedAvgCNN, GoogLeNet, MobileNetV2, ResNet-18"),
+    "htfe-img-5": (("googlenet", "mobilenetv2_1280", "resnet18", "resnet34", "resnet50"), 512,
+                   "HtFLlib's HtFE-img-5: GoogLeNet, MobileNetV2, ResNet-18, -34, -50"),
+    "htfe-img-8": (HTFE_IMG_8, 512,
+                   "HtFLlib's HtFE-img-8: FedAvgCNN, GoogLeNet, MobileNetV2, ResNet-18, -34, "
+                   "-50, -101, -152 (the last two heavy on a CPU)"),
+    "htc-img-4": (tuple(f"resnet34{h}" for h in HTC_HEADS), 512,
+                  "HtFLlib's Res34-HtC-img-4: one ResNet-34 extractor (shared initial weights), "
+                  "four heads d -> C, d -> 512 -> C, d -> 256 -> C, d -> 128 -> C"),
+    "htfe-img-8-htc-img-4": (tuple(m + HTC_HEADS[k % len(HTC_HEADS)]
+                                   for k, m in enumerate(HTFE_IMG_8)), 512,
+                             "HtFLlib's HtFE-img-8-HtC-img-4: client k has HtFE-img-8's model "
+                             "k mod 8 and HtC-img-4's head k mod 4 (8 pairs)"),
 }
 
 MLPS: dict[str, tuple[int, ...]] = {
@@ -60,20 +95,27 @@ MLPS: dict[str, tuple[int, ...]] = {
 
 
 class MobileNetV2Net(ProtoNet):
-    """MobileNetV2's stem and 17 bottleneck blocks (output stride 32), global average pooling;
-    ``z`` the pooled last-block channels (320 at width 1)."""
+    """MobileNetV2's stem and 17 bottleneck blocks (output stride 32), then (``last``, as the
+    classification network of torchvision and HtFLlib: member ``mobilenetv2_1280``) a 1x1
+    conv to 1280 channels, global average pooling; ``z`` the pooled channels (320 or 1280 at
+    width 1)."""
 
     def __init__(self, in_shape: tuple[int, ...], num_classes: int, norm: str = "group",
-                 width: float = 1.0):
+                 width: float = 1.0, last: int = 0):
         super().__init__()
         if len(in_shape) != 3:
             raise ProtoflError(f"mobilenetv2 needs image inputs (C, H, W), got shape {in_shape}")
         self.encoder = MobileNetV2Encoder(in_shape[0], width, 32, norm)
         self.feature_dim = self.encoder.high_channels
+        self.last = nn.Identity()
+        if last:
+            c = divisible(last * max(1.0, width))
+            self.last = ConvNormAct(self.feature_dim, c, 1, norm)
+            self.feature_dim = c
         self.classifier = nn.Linear(self.feature_dim, num_classes)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return self.encoder.features(x).mean(dim=(2, 3))
+        return self.last(self.encoder.features(x)).mean(dim=(2, 3))
 
 
 class Projected(ProtoNet):
@@ -117,16 +159,51 @@ def _cnn(in_shape: tuple[int, ...], num_classes: int, widths: tuple[int, ...], d
 
 
 def member_names() -> list[str]:
-    """Every name ``model.per_client`` accepts."""
+    """Every model name ``model.per_client`` accepts (each also as ``NAME+head:H1-H2``)."""
     from protofl.models.registry import MODELS
 
-    return [*CNNS, *MLPS, "mobilenetv2", *(m for m in MODELS if m != "deeplabv3plus")]
+    return [*CNNS, *MLPS, *MOBILENETS, *(m for m in MODELS if m != "deeplabv3plus")]
+
+
+def split_member(name: str) -> tuple[str, tuple[int, ...] | None]:
+    """``(model name, hidden widths of its MLP head or None: linear)``; one-line errors for an
+    unknown model or a malformed head."""
+    base, sep, spec = name.partition(HEAD_SEP)
+    if base not in member_names():
+        raise ProtoflError(f"config: model.per_client: unknown model {base!r}; allowed: "
+                           f"{', '.join(member_names())} (each also as NAME{HEAD_SEP}H1-H2)")
+    if not sep:
+        return base, None
+    widths = spec.split("-")
+    if not all(w.isdigit() and int(w) > 0 for w in widths):
+        raise ProtoflError(f"config: model.per_client: {name!r}: the head is "
+                           f"{HEAD_SEP}H1-H2-... with positive hidden widths, got {spec!r}")
+    return base, tuple(int(w) for w in widths)
+
+
+def mlp_head(dim: int, hidden: tuple[int, ...], num_classes: int) -> nn.Sequential:
+    """``dim -> hidden[0] -> ... -> num_classes``, ReLU after each hidden layer."""
+    layers: list[nn.Module] = []
+    for h in hidden:
+        layers += [nn.Linear(dim, h), nn.ReLU()]
+        dim = h
+    return nn.Sequential(*layers, nn.Linear(dim, num_classes))
 
 
 def build_member(name: str, in_shape: tuple[int, ...], num_classes: int, dim: int,
                  cfg: ModelConfig) -> ProtoNet:
     """Model ``name`` with features of size ``dim`` (a CNN or MLP member's last hidden layer,
-    else its native features, projected when their size differs)."""
+    else its native features, projected when their size differs) and its head (linear, or
+    the MLP that ``NAME+head:H1-H2`` names)."""
+    base, hidden = split_member(name)
+    model = _extractor(base, in_shape, num_classes, dim, cfg)
+    if hidden is not None:
+        model.classifier = mlp_head(model.feature_dim, hidden, num_classes)
+    return model
+
+
+def _extractor(name: str, in_shape: tuple[int, ...], num_classes: int, dim: int,
+               cfg: ModelConfig) -> ProtoNet:
     from protofl.models.nets import Mlp
     from protofl.models.registry import build_model
 
@@ -134,16 +211,25 @@ def build_member(name: str, in_shape: tuple[int, ...], num_classes: int, dim: in
         return _cnn(in_shape, num_classes, CNNS[name], dim)
     if name in MLPS:
         return Mlp(_input_dim(in_shape), num_classes, (*MLPS[name], dim))
-    if name not in member_names():
-        raise ProtoflError(f"config: model.per_client: unknown model {name!r}; allowed: "
-                           f"{', '.join(member_names())}")
-    if name == "mobilenetv2":
-        model: ProtoNet = MobileNetV2Net(tuple(in_shape), num_classes, cfg.norm)
+    if name in MOBILENETS:
+        model: ProtoNet = MobileNetV2Net(tuple(in_shape), num_classes, cfg.norm,
+                                         last=MOBILENETS[name])
     else:
         model = build_model(name, tuple(in_shape), num_classes, cfg)
     if model.feature_dim == dim or not dim:  # dim 0: the model as it is
         return model
     return Projected(model, dim, num_classes, cfg.projection)
+
+
+def share_extractor(model: ProtoNet, source: dict[str, torch.Tensor]) -> None:
+    """Copy the state ``source`` (another member's) into ``model``, the head
+    (``classifier.*``) excepted: two members of one extractor with different heads start
+    from the same features."""
+    own = model.state_dict()
+    with torch.no_grad():
+        for k, v in source.items():
+            if not k.startswith("classifier."):
+                own[k].copy_(v)
 
 
 def resolve(cfg: ModelConfig) -> tuple[list[str], int]:
@@ -164,9 +250,7 @@ def resolve(cfg: ModelConfig) -> tuple[list[str], int]:
         return list(names), dim or family_dim
     names = [str(n) for n in cfg.per_client]
     for n in names:
-        if n not in member_names():
-            raise ProtoflError(f"config: model.per_client: unknown model {n!r}; allowed: "
-                               f"{', '.join(member_names())}")
+        split_member(n)
     return names, dim or 0
 
 
@@ -194,10 +278,19 @@ def build_groups(cfg: ModelConfig, in_shape: tuple[int, ...], num_classes: int,
     if not names:
         raise ProtoflError("config: model.per_client is empty")
     distinct = list(dict.fromkeys(names))
+    first = split_member(distinct[0])[0]
     if not dim:  # the first model's native feature size (built aside: the RNG is kept)
         dim = DEFAULT_DIM
-        if distinct[0] not in CNNS and distinct[0] not in MLPS:
+        if first not in CNNS and first not in MLPS:
             with torch.random.fork_rng():
-                dim = build_member(distinct[0], in_shape, num_classes, 0, cfg).feature_dim
-    models = [wrap(build_member(n, in_shape, num_classes, dim, cfg)) for n in distinct]
+                dim = _extractor(first, in_shape, num_classes, 0, cfg).feature_dim
+    models: list[ProtoNet] = []
+    extractors: dict[str, dict[str, torch.Tensor]] = {}  # model name -> its first state
+    for n in distinct:
+        model = build_member(n, in_shape, num_classes, dim, cfg)
+        base = split_member(n)[0]
+        if base in extractors:
+            share_extractor(model, extractors[base])
+        extractors.setdefault(base, model.state_dict())
+        models.append(wrap(model))
     return ModelGroups(names, distinct, models), dim

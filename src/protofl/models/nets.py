@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from protofl.errors import ProtoflError
+
 
 class ProtoNet(nn.Module):
     """Base: an encoder (features before the classifier) and a linear head."""
@@ -44,11 +46,13 @@ class ConvNet(ProtoNet):
     """Conv blocks, then a hidden fully connected layer (the feature z), then the head."""
 
     def __init__(self, in_shape: tuple[int, ...], num_classes: int, channels: tuple[int, ...],
-                 kernel: int, fc: int | None, pool_then_relu: bool = False):
+                 kernel: int, fc: int | None, pool_then_relu: bool = False,
+                 padding: int | None = None):
         super().__init__()
         blocks, c = [], in_shape[0]
+        pad = kernel // 2 if padding is None else padding  # default: "same" size
         for ch in channels:
-            conv = nn.Conv2d(c, ch, kernel, padding=kernel // 2)
+            conv = nn.Conv2d(c, ch, kernel, padding=pad)
             blocks += [conv, nn.MaxPool2d(2), nn.ReLU()] if pool_then_relu else [
                 conv, nn.ReLU(), nn.MaxPool2d(2)]
             c = ch
@@ -76,3 +80,14 @@ def digits_cnn(in_shape, num_classes):
 def celeba_cnn(in_shape, num_classes):
     """4 x (conv3x3 32, pool, ReLU), flattened features, then the head (CelebA)."""
     return ConvNet(in_shape, num_classes, (32, 32, 32, 32), 3, None, pool_then_relu=True)
+
+
+def fedavg_cnn(in_shape, num_classes):
+    """HtFLlib's ``FedAvgCNN`` (McMahan et al.'s CIFAR CNN): conv5x5(32) ReLU pool,
+    conv5x5(64) ReLU pool, both unpadded, fc 512 (the feature z); the flattened size follows
+    from the input (1600 at 32x32, HtFLlib's ``dim=1600``)."""
+    side = min(in_shape[1:]) if len(in_shape) == 3 else 0
+    if len(in_shape) != 3 or (((side - 4) // 2) - 4) // 2 < 1:
+        raise ProtoflError(f"fedavg_cnn needs image inputs (C, H, W) of at least 14 px (two "
+                           f"unpadded 5x5 convs, each pooled), got shape {tuple(in_shape)}")
+    return ConvNet(in_shape, num_classes, (32, 64), 5, 512, padding=0)

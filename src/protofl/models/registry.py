@@ -15,14 +15,24 @@ MODELS: dict[str, tuple[str, str]] = {
     "digits_cnn": ("protofl.models.nets:digits_cnn", "2 conv + fc 128 for 8x8 digits"),
     "leaf_cnn": ("protofl.models.nets:leaf_cnn", "LEAF CNN: conv5x5 32/64, fc 256 (28x28)"),
     "celeba_cnn": ("protofl.models.nets:celeba_cnn", "4 x (conv 32, pool, ReLU) (CelebA)"),
+    "fedavg_cnn": ("protofl.models.nets:fedavg_cnn",
+                   "HtFLlib's FedAvgCNN: conv5x5 32/64 unpadded, fc 512 (CIFAR)"),
+    "resnet10": ("protofl.models.resnet:resnet10", "ResNet-10 (HtFLlib's), d = 512"),
     "resnet18": ("protofl.models.resnet:resnet18", "ResNet-18, d = 512 (medical images)"),
+    "resnet34": ("protofl.models.resnet:resnet34", "ResNet-34, d = 512"),
+    "resnet50": ("protofl.models.resnet:resnet50", "ResNet-50, d = 2048"),
+    "resnet101": ("protofl.models.resnet:resnet101", "ResNet-101, d = 2048 (heavy)"),
+    "resnet152": ("protofl.models.resnet:resnet152", "ResNet-152, d = 2048 (heavy)"),
+    "googlenet": ("protofl.models.googlenet:googlenet", "GoogLeNet (Inception v1), d = 1024"),
     "deeplabv3plus": ("protofl.models.deeplab:deeplabv3plus",
                       "DeepLab-V3+ / MobileNetV2, per-pixel features (segmentation)"),
 }
 
 
 SEG_OPTIONS = ("width", "output_stride", "channels")
-NORMALISED = ("resnet18", "deeplabv3plus")  # the models model.norm and model.pretrained apply to
+RESNETS = ("resnet18", "resnet10", "resnet34", "resnet50", "resnet101", "resnet152")
+PRETRAINED = (*RESNETS, "deeplabv3plus")  # the models model.pretrained applies to
+NORMALISED = (*PRETRAINED, "googlenet")  # the models model.norm applies to
 # DeepLab's config keys (model.*) and the values they take when neither the config nor the
 # dataset sets them
 DEEPLAB_KEYS = {"width": DEFAULTS["width"], "output_stride": DEFAULTS["output_stride"],
@@ -35,10 +45,11 @@ def check_model_config(cfg: ModelConfig) -> None:
     ``norm: frozen`` without ``pretrained``, or channels that are not a multiple of 8
     (``engine/spec.py`` fills the null keys)."""
     name = cfg.name
-    if name not in NORMALISED and (cfg.norm != "group" or cfg.pretrained is not None):
-        key = "norm" if cfg.norm != "group" else "pretrained"
-        raise ProtoflError(f"config: model.{key} applies to {' and '.join(NORMALISED)} only, "
-                           f"not {name!r}")
+    for key, models, given in (("norm", NORMALISED, cfg.norm != "group"),
+                               ("pretrained", PRETRAINED, cfg.pretrained is not None)):
+        if given and name not in models:
+            raise ProtoflError(f"config: model.{key} applies to {', '.join(models)} only, "
+                               f"not {name!r}")
     check_norm(cfg)
     given = [k for k in DEEPLAB_KEYS if getattr(cfg, k) is not None]
     if name != "deeplabv3plus" and given:
@@ -71,7 +82,7 @@ def build_model(name: str, in_shape: tuple[int, ...], num_classes: int,
                            f"{', '.join(allowed) or 'none'}")
     module, func = MODELS[name][0].split(":")
     fn = getattr(importlib.import_module(module), func)
-    if name == "resnet18":
+    if name in NORMALISED and name != "deeplabv3plus":
         return fn(in_shape, num_classes, cfg or ModelConfig())
     if name == "deeplabv3plus":
         return fn(in_shape, num_classes, cfg or ModelConfig(), **options)
