@@ -20,6 +20,9 @@ ALGORITHMS: dict[str, str] = {
     "fedtgp": "protofl.algorithms.fedtgp:FedTGP",
     "fedplvm": "protofl.algorithms.fedplvm:FedPLVM",
     "feddyn": "protofl.algorithms.feddyn:FedDyn",
+    "fd": "protofl.algorithms.fd:FD",
+    "lgfedavg": "protofl.algorithms.lgfedavg:LGFedAvg",
+    "fedgh": "protofl.algorithms.fedgh:FedGH",
     "central": "protofl.algorithms.central:Central",
 }
 ALIASES = {"pgfl": "fedmargin"}
