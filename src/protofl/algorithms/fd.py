@@ -39,9 +39,13 @@ from protofl.algorithms.base import (
     weighted_mean,
 )
 from protofl.algorithms.capabilities import Personalized, Sums
-from protofl.algorithms.fedproto import PROTO_PASSES, pass_sums, prototype_regulariser
+from protofl.algorithms.fedproto import (
+    PROTO_PASSES,
+    pass_means,
+    pass_sums,
+    prototype_regulariser,
+)
 from protofl.config import option
-from protofl.errors import ProtoflError
 
 DISTILL = ("mse", "soft_ce")
 
@@ -132,12 +136,7 @@ class FD(Personalized, Sums, Algorithm):
     def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y,
                    stats=None):
         if self.opts.logit_pass == "training":
-            if not stats or "proto_sums" not in stats:
-                raise ProtoflError(f"{self.name}: logit_pass: training needs the trainer's "
-                                   "last-pass sums (client_end(..., stats=...))")
-            counts = stats["proto_counts"].to(torch.float32)
-            logits = (stats["proto_sums"] / stats["proto_counts"].clamp_min(1).unsqueeze(1)
-                      ).to(torch.float32)
+            logits, counts = pass_means(self.name, "logit_pass", stats)
         else:
             logits, counts = prototype_math.class_means(
                 all_logits(model, params, buffers, x).to(torch.float32), y, self.num_classes)

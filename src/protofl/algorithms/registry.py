@@ -23,6 +23,7 @@ ALGORITHMS: dict[str, str] = {
     "fd": "protofl.algorithms.fd:FD",
     "lgfedavg": "protofl.algorithms.lgfedavg:LGFedAvg",
     "fedgh": "protofl.algorithms.fedgh:FedGH",
+    "fpl": "protofl.algorithms.fpl:FPL",
     "central": "protofl.algorithms.central:Central",
 }
 ALIASES = {"pgfl": "fedmargin"}
@@ -30,6 +31,7 @@ ALIASES = {"pgfl": "fedmargin"}
 # where it is another class: fedproin with personalised encoders, only prototypes aggregated
 HETEROGENEOUS: dict[str, str] = {
     "fedproin": "protofl.algorithms.fedproin_personal:PersonalFedProIn",
+    "fpl": "protofl.algorithms.fpl:PersonalFPL",
 }
 
 
