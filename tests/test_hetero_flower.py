@@ -23,14 +23,15 @@ from protofl.flower.server_app import run_on_grid  # noqa: E402
 OWN = {0: "cnn2", 1: "mlp_small"}  # the "own" case's node configs
 
 
-METHODS = ("fd", "lgfedavg", "fedgh", "fpl")  # HtFLlib's methods and FPL, their defaults
+METHODS = ("fd", "lgfedavg", "fedgh", "fpl", "fml")  # HtFLlib's methods and FPL, their defaults
 FAST = {"fedgh": {"server_epochs": 3}}
 
 
 def cfg(own: bool = False, algorithm: str = "fedproto"):
     """The run; ``own``: the same but for its checkpoints, and each node names its model."""
     return config_from_dict({
-        "algorithm": algorithm, "seed": 0, "algo": FAST.get(algorithm, {}), "rounds": 2, "trainer": "sequential",
+        "algorithm": algorithm, "seed": 0, "algo": FAST.get(algorithm, {}), "rounds": 2,
+        "trainer": "sequential",
         "checkpoint_every": 1 if own else 2, "data": {"name": "digits", "num_clients": 2},
         "model": {"per_client": ["cnn1", "mlp"]},
         "clients": {"per_round": 2, "local_steps": 3, "batch_size": 16},

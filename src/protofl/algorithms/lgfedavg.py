@@ -21,6 +21,8 @@ as model weights).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from protofl.algorithms.base import (
@@ -38,31 +40,36 @@ from protofl.errors import ProtoflError
 HEAD = "classifier."  # the parameters of a ProtoNet's linear head
 
 
-def head_of(params: Tensors) -> Tensors:
-    """The head's parameters among a model's (by name, ``classifier.*``)."""
-    return {k: v for k, v in params.items() if k.startswith(HEAD)}
+def head_of(params: Tensors, prefix: str = HEAD) -> Tensors:
+    """The shared part's parameters among a model's (by name: ``prefix*``, the head's
+    ``classifier.*`` by default)."""
+    return {k: v for k, v in params.items() if k.startswith(prefix)}
 
 
 class GlobalHead(Personalized):
-    """Personalised bodies with the server's head ``head`` (state and broadcast): a client
-    trains and is scored with its own weights, the head replaced by the global one."""
+    """Personalised models of which the parameters named ``shared*`` (the head by default)
+    are the server's, kept under ``key`` in state and broadcast: a client trains and is
+    scored with its own weights, that part replaced by the global one."""
+
+    shared: ClassVar[str] = HEAD
+    key: ClassVar[str] = "head"
 
     def check_head(self, model) -> Tensors:
-        """The model's head parameters (one line if it has none)."""
-        head = head_of(split_state(model)[0])
+        """The model's shared parameters (one line if it has none)."""
+        head = head_of(split_state(model)[0], self.shared)
         if not head:
-            raise ProtoflError(f"{self.name} shares the model's head (parameters "  # type: ignore[attr-defined]
-                               f"{HEAD}*), which model {type(model).__name__} lacks")
+            raise ProtoflError(f"{self.name} shares the model's parameters "  # type: ignore[attr-defined]
+                               f"{self.shared}*, which model {type(model).__name__} lacks")
         return head
 
     def local_start(self, broadcast, client_state):
         own = super().local_start(broadcast, client_state)
-        return {"params": {**own["params"], **broadcast["head"]}, "buffers": own["buffers"]}
+        return {"params": {**own["params"], **broadcast[self.key]}, "buffers": own["buffers"]}
 
     def eval_weights(self, state, client_state):
         if "params" not in client_state:
             return super().eval_weights(state, client_state)
-        return {"params": {**client_state["params"], **state["head"]},
+        return {"params": {**client_state["params"], **state[self.key]},
                 "buffers": client_state["buffers"]}
 
 
@@ -77,25 +84,25 @@ class LGFedAvg(GlobalHead, Sums, Algorithm):
     def init_state(self, model):
         params, buffers = split_state(model)
         return {"init": {"params": params, "buffers": buffers},
-                "head": {k: v.clone() for k, v in self.check_head(model).items()}}
+                self.key: {k: v.clone() for k, v in self.check_head(model).items()}}
 
     def broadcast(self, state):
-        return {"init": state["init"], "head": state["head"]}
+        return {"init": state["init"], self.key: state[self.key]}
 
     def aggregate(self, state, uploads, round):
         a = sample_weights(uploads)
         new = dict(state)
-        new["head"] = weighted_average([u["head"] for u in uploads], a)
+        new[self.key] = weighted_average([u[self.key] for u in uploads], a)
         return new, {"weights": a.tolist()}
 
     def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y):
-        up = {"head": {k: v.detach() for k, v in head_of(params).items()},
+        up = {self.key: {k: v.detach() for k, v in head_of(params, self.shared).items()},
               "num_samples": torch.tensor(float(len(y)), dtype=torch.float64)}
         own: Weights = {"params": params, "buffers": buffers}
         return up, dict(own)
 
     def upload_spec(self):
-        spec = {f"head.{k}": UploadEntry(tuple(v.shape), kind="weights")
+        spec = {f"{self.key}.{k}": UploadEntry(tuple(v.shape), kind="weights")
                 for k, v in self.check_head(self.model).items()}
         spec["num_samples"] = UploadEntry((), count=True, kind="size")
         return spec

@@ -24,6 +24,7 @@ ALGORITHMS: dict[str, str] = {
     "lgfedavg": "protofl.algorithms.lgfedavg:LGFedAvg",
     "fedgh": "protofl.algorithms.fedgh:FedGH",
     "fpl": "protofl.algorithms.fpl:FPL",
+    "fml": "protofl.algorithms.fml:FML",
     "central": "protofl.algorithms.central:Central",
 }
 ALIASES = {"pgfl": "fedmargin"}
