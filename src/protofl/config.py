@@ -210,7 +210,7 @@ class ModelConfig:
     # model-heterogeneous federations (models/families.py, docs/configuration.md)
     per_client: list[str] = option([], "client k trains the model at position k mod n "
                                        "(the methods with personalised models: fedproto, fedtgp, "
-                                       "fedproin, fd, lgfedavg, fedgh, fpl)")
+                                       "fedproin, fd, lgfedavg, fedgh, fml, fpl)")
     family: str | None = option(None, "a preset model group (models/families.py FAMILIES)")
     feature_dim: int | None = option(None, "heterogeneous: the shared feature size d (null: "
                                            "the family's, else the first model's)", ge=1)
