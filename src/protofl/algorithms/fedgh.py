@@ -81,8 +81,8 @@ class FedGH(GlobalHead, Prototypes, Sums, Algorithm):
                    "prototypes, the server trains a generalized global head on them")
     Options = FedGHOptions
     client_defaults = {"optimizer": "sgd", "lr": 0.01, "batch_size": 10, "local_epochs": 1}
-    client_defaults_source = "HtFLlib (main.py defaults, which its FedGH uses): SGD, lr 0.01, " \
-                             "batch 10, E = 1"
+    client_defaults_source = ("HtFLlib (main.py defaults, which its FedGH uses): SGD, "
+                              "lr 0.01, batch 10, E = 1")
     fallback = ("under DP the global head trains on the noised mean prototype of each class "
                 "instead (one pair per class)")
 

@@ -93,6 +93,8 @@ class FML(LGFedAvg):
     Options = FMLOptions
     shared = "meme."
     key = "meme"
+    client_defaults_source = ("HtFLlib (main.py defaults, which its FML uses for both models): "
+                              "SGD, lr 0.01, batch 10, E = 1")
 
     def wrap_model(self, model):
         def make(m: ProtoNet) -> FMLNet:

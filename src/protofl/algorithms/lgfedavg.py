@@ -78,8 +78,8 @@ class LGFedAvg(GlobalHead, Sums, Algorithm):
     description = ("LG-FedAvg (Liang et al. 2020): clients keep their own bodies, only the "
                    "heads are averaged (FedAvg weights)")
     client_defaults = {"optimizer": "sgd", "lr": 0.01, "batch_size": 10, "local_epochs": 1}
-    client_defaults_source = "HtFLlib (main.py defaults, which its LG uses): SGD, lr 0.01, " \
-                             "batch 10, E = 1"
+    client_defaults_source = ("HtFLlib (main.py defaults, which its LG uses): SGD, lr 0.01, "
+                              "batch 10, E = 1")
 
     def init_state(self, model):
         params, buffers = split_state(model)
