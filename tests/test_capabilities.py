@@ -20,6 +20,9 @@ EXPECTED = {  # the capabilities each method's paper gives it
     "fedmargin": {"Sums", "Prototypes"}, "fedproin": {"Sums"},
     "fedproto": {"Sums", "Prototypes", "Personalized"},
     "fedtgp": {"Sums", "Prototypes", "Personalized"},
+    "fd": {"Sums", "Personalized"}, "lgfedavg": {"Sums", "Personalized"},
+    "fedgh": {"Sums", "Prototypes", "Personalized"}, "fpl": {"Prototypes"},
+    "fml": {"Sums", "Personalized"},
 }
 
 

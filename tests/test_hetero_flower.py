@@ -23,10 +23,15 @@ from protofl.flower.server_app import run_on_grid  # noqa: E402
 OWN = {0: "cnn2", 1: "mlp_small"}  # the "own" case's node configs
 
 
-def cfg(own: bool = False):
+METHODS = ("fd", "lgfedavg", "fedgh", "fpl", "fml")  # HtFLlib's methods and FPL, their defaults
+FAST = {"fedgh": {"server_epochs": 3}}
+
+
+def cfg(own: bool = False, algorithm: str = "fedproto"):
     """The run; ``own``: the same but for its checkpoints, and each node names its model."""
     return config_from_dict({
-        "algorithm": "fedproto", "seed": 0, "rounds": 2, "trainer": "sequential",
+        "algorithm": algorithm, "seed": 0, "algo": FAST.get(algorithm, {}), "rounds": 2,
+        "trainer": "sequential",
         "checkpoint_every": 1 if own else 2, "data": {"name": "digits", "num_clients": 2},
         "model": {"per_client": ["cnn1", "mlp"]},
         "clients": {"per_round": 2, "local_steps": 3, "batch_size": 16},
@@ -59,6 +64,8 @@ def simulated(tmp_path_factory) -> dict:
     def main(grid: Grid, context: Context) -> None:
         for own in (False, True):
             done[own] = run_on_grid(cfg(own), grid, root / f"own{own}", node_wait=300)
+        for name in METHODS:
+            done[name] = run_on_grid(cfg(algorithm=name), grid, root / name, node_wait=300)
 
     simulate(server, client_app(wrap=_with_node_model), 2, {})
     return done
@@ -69,6 +76,20 @@ def test_flower_nodes_train_their_groups_model_as_the_engine_does(simulated):
     ref = Experiment(cfg())
     ref_summary = ref.run()
     torch.testing.assert_close(exp.state["protos"], ref.state["protos"], rtol=1e-5, atol=1e-5)
+    assert exp.last["local_accuracy"] == pytest.approx(ref_summary["local_accuracy"], abs=1e-6)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_flower_runs_each_heterogeneous_method_as_the_engine_does(simulated, name):
+    from protofl.nested import flatten
+
+    exp = simulated[name]
+    ref = Experiment(cfg(algorithm=name))
+    ref_summary = ref.run()
+    a, b = flatten(exp.state), flatten(ref.state)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-5)
     assert exp.last["local_accuracy"] == pytest.approx(ref_summary["local_accuracy"], abs=1e-6)
 
 

@@ -112,10 +112,14 @@ def prototypes(alg: Algorithm, upload: Tensors,
                data: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> Any:
     """The class prototypes ``(C, d)`` and counts ``(C,)`` an upload stands for: those it
     holds (:class:`Prototypes`), else the class means of the uploaded model's features on
-    the client's data ``x, y = data()`` (loaded only then)."""
+    the client's data ``x, y = data()`` (loaded only then); none (all counts 0) when the upload
+    holds neither (a personalised method sharing logits or a head)."""
     from protofl.algorithms.base import class_prototypes
 
     if isinstance(alg, Prototypes):
         return alg.prototypes(upload)
     w = alg.client_weights(upload)
+    if w is None:
+        c = alg.num_classes
+        return torch.zeros(c, alg.model.feature_dim), torch.zeros(c)
     return class_prototypes(alg.model, w["params"], w["buffers"], *data(), alg.num_classes)

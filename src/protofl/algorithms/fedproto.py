@@ -88,6 +88,28 @@ def pass_sums(z: torch.Tensor, y: torch.Tensor, w: torch.Tensor, num_classes: in
     return {"proto_sums": onehot.T @ z.detach(), "proto_counts": onehot.sum(0)}
 
 
+def client_prototypes(alg: Algorithm, model, params, buffers, x: torch.Tensor, y: torch.Tensor,
+                      stats: dict | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A client's class prototypes ``(C, d)`` and counts ``(C,)`` as ``alg.opts.proto_pass``
+    says: the trained model's class means over its data (``after``), or the last pass's sums
+    ``stats`` of :func:`pass_sums` (``training``)."""
+    if alg.opts.proto_pass == "training":
+        return pass_means(alg.name, "proto_pass", stats)
+    return class_prototypes(model, params, buffers, x, y, alg.num_classes)
+
+
+def pass_means(name: str, option: str, stats: dict | None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The class means ``(C, n)`` and counts ``(C,)`` of the last pass's :func:`pass_sums`
+    (float32); one line naming algorithm ``name``'s ``option`` without them."""
+    if not stats or "proto_sums" not in stats:
+        raise ProtoflError(f"{name}: {option}: training needs the trainer's last-pass sums "
+                           "(client_end(..., stats=...))")
+    counts = stats["proto_counts"].to(torch.float32)
+    return (stats["proto_sums"] / stats["proto_counts"].clamp_min(1).unsqueeze(1)
+            ).to(torch.float32), counts
+
+
 def nearest_prototype_scores(z: torch.Tensor, protos: torch.Tensor, present: torch.Tensor
                              ) -> torch.Tensor:
     """Class scores ``-||z - C^c||``; classes without a prototype get ``-FAR`` more."""
@@ -144,15 +166,7 @@ class FedProto(Personalized, Prototypes, Sums, Algorithm):
 
     def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y,
                    stats=None):
-        if self.opts.proto_pass == "training":
-            if not stats or "proto_sums" not in stats:
-                raise ProtoflError(f"{self.name}: proto_pass: training needs the trainer's "
-                                   "last-pass sums (client_end(..., stats=...))")
-            counts = stats["proto_counts"].to(torch.float32)
-            protos = (stats["proto_sums"] / stats["proto_counts"].clamp_min(1).unsqueeze(1)
-                      ).to(torch.float32)
-        else:
-            protos, counts = class_prototypes(model, params, buffers, x, y, self.num_classes)
+        protos, counts = client_prototypes(self, model, params, buffers, x, y, stats)
         up: FedProtoUpload = {"protos": protos, "counts": counts,
                               "num_samples": torch.tensor(float(len(y)), dtype=torch.float64)}
         own: Weights = {"params": params, "buffers": buffers}

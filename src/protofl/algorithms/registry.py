@@ -20,6 +20,11 @@ ALGORITHMS: dict[str, str] = {
     "fedtgp": "protofl.algorithms.fedtgp:FedTGP",
     "fedplvm": "protofl.algorithms.fedplvm:FedPLVM",
     "feddyn": "protofl.algorithms.feddyn:FedDyn",
+    "fd": "protofl.algorithms.fd:FD",
+    "lgfedavg": "protofl.algorithms.lgfedavg:LGFedAvg",
+    "fedgh": "protofl.algorithms.fedgh:FedGH",
+    "fpl": "protofl.algorithms.fpl:FPL",
+    "fml": "protofl.algorithms.fml:FML",
     "central": "protofl.algorithms.central:Central",
 }
 ALIASES = {"pgfl": "fedmargin"}
@@ -27,6 +32,7 @@ ALIASES = {"pgfl": "fedmargin"}
 # where it is another class: fedproin with personalised encoders, only prototypes aggregated
 HETEROGENEOUS: dict[str, str] = {
     "fedproin": "protofl.algorithms.fedproin_personal:PersonalFedProIn",
+    "fpl": "protofl.algorithms.fpl:PersonalFPL",
 }
 
 

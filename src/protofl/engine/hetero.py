@@ -45,9 +45,16 @@ def variant(name: str) -> type[Algorithm]:
     if other is None:
         why = cls.heterogeneous_reason or "its server averages model weights"
         raise ProtoflError(f"algorithm {cls.name!r} cannot train heterogeneous models "
-                           f"(model.per_client / model.family): {why}; use fedproto, fedtgp "
-                           "or fedproin")
+                           f"(model.per_client / model.family): {why}; use one of "
+                           f"{', '.join(capable())}")
     return other
+
+
+def capable() -> list[str]:
+    """The registered algorithms that train heterogeneous models."""
+    from protofl.algorithms.registry import ALGORITHMS, HETEROGENEOUS
+
+    return [n for n in ALGORITHMS if n in HETEROGENEOUS or personalized(algorithm_class(n))]
 
 
 def check(cfg: Config) -> None:
