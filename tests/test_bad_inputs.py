@@ -610,6 +610,7 @@ WHERE = {
     "model.seg_channels": ["--dataset", "shapes", "--set", "data.image_size=16"],
     "data.image_size": ["--dataset", "shapes"],
     "clients.local_epochs": ["--set", "clients.local_steps=null"],
+    "metrics.early_stop": ["--set", "data.validation_fraction=0.2"],
 }
 TIME_ONLY = {"algo.server_epochs"}  # a round's server epochs cost time, never memory
 EXTREMES = [0, -1, 2**31, 10**12]
