@@ -145,10 +145,13 @@ def test_auto_trains_each_round_with_the_cheapest_estimate():
     # round 1: steps 10, 1, 1 (b: 2 * 10/12 > 1: a); round 2: 1, 1 (b: 2 * 1/2 = 1, a tie:
     # the first registered)
     assert auto.chosen == ["a", "a"]
-    auto.trainers["b"] = Fixed("b", lambda w: 1.9 * skew(w))
+    auto.trainers["b"] = Fixed("b", lambda w: 1.92 * skew(w))  # 0.96: a (1.0) is within 5%
     auto.train(RoundContext(alg, {}, [Job(1, 1), Job(2, 1)], data, {}, setup, 3))
-    assert auto.chosen[-1] == "b" and auto.trainers["b"].seen == [3]
-    assert trainers.rounds_by_trainer(auto) == {"trainer_rounds": {"a": 2, "b": 1}}
+    assert auto.chosen[-1] == "a"
+    auto.trainers["b"] = Fixed("b", lambda w: 1.8 * skew(w))  # 0.90: b
+    auto.train(RoundContext(alg, {}, [Job(1, 1), Job(2, 1)], data, {}, setup, 4))
+    assert auto.chosen[-1] == "b" and auto.trainers["b"].seen == [4]
+    assert trainers.rounds_by_trainer(auto) == {"trainer_rounds": {"a": 3, "b": 1}}
 
 
 def test_heavy_tailed_rounds_go_where_the_cost_model_says():
