@@ -37,6 +37,7 @@ from protofl.algorithms.base import (
 )
 from protofl.algorithms.capabilities import Prototypes, Sums
 from protofl.algorithms.lgfedavg import HEAD, GlobalHead
+from protofl.algorithms.optimizers import server_train
 from protofl.config import option
 from protofl.seeding import SERVER, torch_gen
 
@@ -60,19 +61,10 @@ def train_head(model, head: Tensors, p: torch.Tensor, y: torch.Tensor, opts: Fed
                gen: torch.Generator) -> tuple[Tensors, list[float]]:
     """``server_epochs`` epochs of plain SGD on ``CE(g(p), y)``; new head and per-epoch mean
     losses."""
-    head = {k: v.detach().clone().requires_grad_(True) for k, v in head.items()}
-    params = list(head.values())
-    history = []
-    for _ in range(opts.server_epochs):
-        total = 0.0
-        for idx in torch.randperm(len(y), generator=gen).split(opts.server_batch):
-            loss = F.cross_entropy(head_logits(model, head, p[idx]), y[idx])
-            grads = torch.autograd.grad(loss, params)
-            with torch.no_grad():
-                torch._foreach_add_(params, grads, alpha=-opts.server_lr)
-            total += float(loss.detach()) * len(idx)
-        history.append(total / len(y))
-    return {k: v.detach() for k, v in head.items()}, history
+    def loss(w: Tensors, idx: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(head_logits(model, w, p[idx]), y[idx])
+    return server_train(head, loss, len(y), opts.server_epochs, opts.server_batch,
+                        opts.server_lr, gen)
 
 
 class FedGH(GlobalHead, Prototypes, Sums, Algorithm):

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from protofl.algorithms import prototype_math
 from protofl.algorithms.base import Tensors
 from protofl.algorithms.fedproto import FedProto, FedProtoState, proto_pass_option
-from protofl.algorithms.optimizers import OPTIMIZERS, make_optimizer
+from protofl.algorithms.optimizers import OPTIMIZERS, server_train
 from protofl.config import option
 from protofl.seeding import SERVER, torch_gen
 
@@ -89,32 +89,14 @@ def train_generator(g: Tensors, p: torch.Tensor, y: torch.Tensor, delta: torch.T
                     opts: FedTGPOptions, gen: torch.Generator) -> tuple[Tensors, list[float]]:
     """``server_epochs`` epochs of the margin loss; returns new weights and per-epoch mean
     losses."""
-    g = {k: v.detach().clone().requires_grad_(True) for k, v in g.items()}
-    params = list(g.values())
-    # plain SGD is one in-place update of every tensor (what torch.optim.SGD does without
-    # momentum, less its per-step overhead: 100 epochs are ~1,600 small steps a round)
-    plain = opts.server_optimizer == "sgd"
-    opt = None if plain else make_optimizer(params, opts.server_optimizer, opts.server_lr)
-    history = []
     p = p.to(torch.promote_types(p.dtype, torch.float32))
     # margin_loss with the margin's one-hot shift built once
     shift = delta * F.one_hot(y, g["emb"].shape[0]).to(p.dtype)
-    for _ in range(opts.server_epochs):
-        total = torch.zeros((), dtype=p.dtype)
-        for idx in torch.randperm(len(y), generator=gen).split(opts.server_batch):
-            dist = torch.cdist(p[idx], generate(g)) + shift[idx]
-            loss = F.cross_entropy(-dist, y[idx])
-            grads = torch.autograd.grad(loss, params)
-            with torch.no_grad():
-                if opt is None:
-                    torch._foreach_add_(params, grads, alpha=-opts.server_lr)
-                else:
-                    for t, gr in zip(params, grads):
-                        t.grad = gr
-                    opt.step()
-                total += loss.detach() * len(idx)
-        history.append(float(total) / len(y))
-    return {k: v.detach() for k, v in g.items()}, history
+
+    def loss(w: Tensors, idx: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(-(torch.cdist(p[idx], generate(w)) + shift[idx]), y[idx])
+    return server_train(g, loss, len(y), opts.server_epochs, opts.server_batch,
+                        opts.server_lr, gen, opts.server_optimizer)
 
 
 class FedTGP(FedProto):
