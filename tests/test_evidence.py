@@ -109,3 +109,28 @@ def test_the_alternatives_runs_are_kept_in_the_evidence(tmp_path):
     again = tmp_path / "again"
     write(merge([ev]), again)
     assert _bytes(again) == _bytes(ev)
+
+
+def test_kept_runs_are_not_run_again(tmp_path):
+    """``--kept DIR``: the runs an evidence folder holds at the same budget and overrides are
+    left out of the plan; other overrides or another budget keep every run."""
+    from protofl.reproduce.plan import reproduce_plan
+
+    curve = {(0, 0): [0.1, 0.2]}
+    entry = {"budget": "short", "status": "run", "seeds": [0], "splits": ["default"],
+             "overrides": {"threads": 1},
+             "runs": {"default": {"fedmargin": curve, "fedavg": dict(curve)}}, "amm": {}}
+    write({"digits": entry}, tmp_path / "kept")
+
+    def planned(**kw):
+        _, jobs = reproduce_plan("digits", "short", tmp_path / "out", seeds=(0, 1), **kw)
+        return {Path(f).relative_to(tmp_path / "out").as_posix() for _, f in jobs}
+
+    every = planned(overrides={"threads": 1})
+    assert len(every) == 12  # 6 variants x 2 seeds
+    rest = planned(overrides={"threads": 1}, kept=tmp_path / "kept")
+    assert every - rest == {"digits/default/fedmargin/seed0", "digits/default/fedavg/seed0"}
+    assert planned(kept=tmp_path / "kept") == every  # other overrides: nothing is kept
+    _, jobs = reproduce_plan("digits", "paper", tmp_path / "out", seeds=(0,),
+                             overrides={"threads": 1}, kept=tmp_path / "kept")
+    assert len(jobs) == 6  # another budget

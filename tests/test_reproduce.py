@@ -126,7 +126,7 @@ def test_short_budget_end_to_end(tmp_path, capsys):
     assert "<!-- protofl report reproduction: begin" in doc
     assert not (tmp_path / "img").exists() and "reproduction.png" not in doc  # 1 seed: none
     assert main(["suite", "main", "--claims", "digits"]) == 2
-    assert "--claims, --splits and --alternatives are options of 'protofl " in (
+    assert "--claims, --splits, --alternatives and --kept are options of " in (
         capsys.readouterr().err)
 
 

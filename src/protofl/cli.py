@@ -157,12 +157,13 @@ def cmd_suite(args) -> int:
         splits = tuple(s.strip() for s in args.splits.split(",") if s.strip()) if (
             args.splits) else None
         print(run_reproduce(args.claims, args.budget, out, args.jobs, _seeds(args.seeds),
-                            overrides, splits, args.alternatives))
+                            overrides, splits, args.alternatives,
+                            _path(args.kept) if args.kept else None))
         print(f"verdicts: {out / 'claims.md'}")
         return 0
-    if args.claims or args.splits or args.alternatives:
-        raise ProtoflError("--claims, --splits and --alternatives are options of 'protofl "
-                           "suite reproduce'")
+    if args.claims or args.splits or args.alternatives or args.kept:
+        raise ProtoflError("--claims, --splits, --alternatives and --kept are options of "
+                           "'protofl suite reproduce'")
     name = budget_name(args.name, args.budget)
     out = _path(args.out or f"runs/{name}")
     print(run_suite(name, out, args.jobs, _seeds(args.seeds), overrides))
@@ -378,6 +379,9 @@ def run_parsers(sub) -> None:
     q.add_argument("--alternatives", action="store_true", help="reproduce: instead of the "
                    "claims' variants, fedmargin's reconstructed alternatives and their references "
                    "(the claims that have them; docs/reproduction.md)")
+    q.add_argument("--kept", metavar="DIR", help="reproduce: do not run again the runs this "
+                   "evidence folder holds (same claim, budget, overrides, split, variant and "
+                   "seed; e.g. docs/reproduction), and merge them into the tables")
     q.add_argument("--budget", choices=("short", "paper"), default="short",
                    help="reproduce and heterogeneous: short (minutes) or paper (the paper's "
                    "protocol)")

@@ -190,3 +190,17 @@ def merge(sources: list[Path]) -> dict[str, Entry]:
             elif old is None or (ran and not old_ran) or (ran and entry["budget"] == "paper"):
                 best[name] = entry
     return best
+
+
+def kept_runs(folder: Path, name: str, budget: str, overrides: dict[str, Any] | None,
+              alternatives: bool = False) -> frozenset[tuple[str, str, int, int]]:
+    """The runs of claim ``name`` that the evidence in ``folder`` holds at ``budget`` with
+    these overrides, as ``(split, variant, seed, data.seed)`` (``alternatives``: its
+    alternatives' runs), so that a suite resumed across machines runs only the rest."""
+    entry = merge([Path(folder)]).get(name)
+    if (entry is None or entry["status"] != "run" or entry["budget"] != budget
+            or _sorted(entry["overrides"]) != _sorted(overrides or {})):
+        return frozenset()
+    key = "alternatives" if alternatives else "runs"
+    return frozenset((split, v, s, d) for split, variants in entry.get(key, {}).items()
+                     for v, curves in variants.items() for s, d in curves)

@@ -68,12 +68,14 @@ ALTERNATIVES_DIR = "alternatives"  # OUT/<claim>/<split>/alternatives/<label>/se
 def claim_jobs(claim: Claim, budget: str, out: Path, seeds: tuple[int, ...],
                overrides: dict[str, Any] | None = None,
                splits: list[str] | None = None,
-               alternatives: bool = False) -> list[tuple[dict, str]]:
+               alternatives: bool = False,
+               kept: frozenset[tuple] = frozenset()) -> list[tuple[dict, str]]:
     """Every (raw config, run folder) of one claim at ``budget`` (``splits``: just these),
     two variants at a time over every seed (the first comparison's first), so that a suite
     stopped early leaves whole pairs of seeds for the headline comparison;
     ``alternatives``: instead, the reconstruction's alternatives and their references
-    (``Claim.alternative_variants``), under ``ALTERNATIVES_DIR``."""
+    (``Claim.alternative_variants``), under ``ALTERNATIVES_DIR``; none of the runs in
+    ``kept`` (``(split, variant, seed, data.seed)``, from ``evidence.kept``)."""
     base = budget_config(claim, budget)
     if claim.pretrain:
         base = merge(base, {"model": {"pretrained": str(encoder_path(claim, budget, out))}})
@@ -85,6 +87,8 @@ def claim_jobs(claim: Claim, budget: str, out: Path, seeds: tuple[int, ...],
         for seed, split, label in product(seeds, splits or claim.splits, order[k:k + 2]):
             raw = merge(merge(base, claim.splits[split]), variants[label])
             raw = seeded(merge(raw, NO_COSTLY), seed, overrides)
+            if (split, label, seed, raw["data"]["seed"]) in kept:
+                continue
             where = out / claim.name / split
             where = where / ALTERNATIVES_DIR if alternatives else where
             jobs.append((raw, str(where / label / f"seed{seed}")))
@@ -95,11 +99,12 @@ def reproduce_plan(names: str | None, budget: str, out: Path,
                    seeds: tuple[int, ...] | None = None,
                    overrides: dict[str, Any] | None = None,
                    splits: tuple[str, ...] | None = None,
-                   alternatives: bool = False
+                   alternatives: bool = False, kept: Path | None = None
                    ) -> tuple[dict[str, dict], list[tuple[dict, str]]]:
     """``({claim: {budget, status, seeds, splits}}, jobs)`` for the claims named
     (``splits``: only these of each claim; ``alternatives``: the reconstruction's
-    alternatives instead of the claim's variants, on the claims that have them)."""
+    alternatives instead of the claim's variants, on the claims that have them; ``kept``:
+    an evidence folder whose runs of the same budget and overrides are not run again)."""
     seeds = tuple(seeds or SEEDS.get(budget, SEEDS["paper"]))
     claims = select(names)
     if alternatives:
@@ -116,7 +121,12 @@ def reproduce_plan(names: str | None, budget: str, out: Path,
         record[claim.name] = {"budget": budget, "status": state, "seeds": list(seeds),
                               "splits": chosen, "overrides": overrides or {}}
         if state == "run":
-            jobs += claim_jobs(claim, budget, out, seeds, overrides, chosen, alternatives)
+            done = frozenset()
+            if kept is not None:
+                from protofl.reproduce.evidence import kept_runs
+
+                done = kept_runs(kept, claim.name, budget, overrides, alternatives)
+            jobs += claim_jobs(claim, budget, out, seeds, overrides, chosen, alternatives, done)
     return record, jobs
 
 
@@ -163,20 +173,23 @@ def write_record(out: Path, record: dict[str, dict]) -> Path:
 def run_reproduce(names: str | None, budget: str, out: Path, jobs: int | None = None,
                   seeds: tuple[int, ...] | None = None,
                   overrides: dict[str, Any] | None = None,
-                  splits: tuple[str, ...] | None = None, alternatives: bool = False) -> str:
+                  splits: tuple[str, ...] | None = None, alternatives: bool = False,
+                  kept: Path | None = None) -> str:
     """Run the claims named at ``budget`` (``splits``: only these; ``alternatives``: the
-    reconstruction's alternatives instead) and return their verdict tables (Markdown);
-    ``OUT/claims.md`` holds them too."""
+    reconstruction's alternatives instead; ``kept``: not the runs this evidence folder
+    holds) and return their verdict tables (Markdown); ``OUT/claims.md`` holds them too,
+    with ``kept``'s runs merged in."""
     from protofl.config import config_from_dict
     from protofl.reproduce.tables import reproduction_markdown
     from protofl.suites import execute
 
-    record, work = reproduce_plan(names, budget, out, seeds, overrides, splits, alternatives)
+    record, work = reproduce_plan(names, budget, out, seeds, overrides, splits, alternatives,
+                                  kept)
     for raw, _ in work:
         config_from_dict(raw)  # every config checked before anything runs
     write_record(out, record)  # first: a suite stopped early leaves a readable folder
     pretrain_encoders(names, budget, out, record)
     execute(work, jobs, f"reproduce ({budget})")
-    text = reproduction_markdown([out], only=list(record))
+    text = reproduction_markdown([*([kept] if kept else []), out], only=list(record))
     (out / "claims.md").write_text(text + "\n")
     return text
