@@ -112,7 +112,7 @@ def cmd_report(args) -> int:
     if args.evidence and not args.reproduction:
         raise ProtoflError("--evidence is an option of --reproduction")
     if args.reproduction:  # the claim tables of `protofl suite reproduce` folders
-        from protofl.reproduce.tables import write_reproduction
+        from protofl.reproduce.page import write_reproduction
 
         md = write_reproduction([_path(d) for d in args.dirs], _path(args.reproduction),
                                 args.overwrite,

@@ -24,10 +24,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:  # types only: the trainers import this module
+if TYPE_CHECKING:
     from protofl.data.federated import FederatedData
     from protofl.engine.schedule import Job
-    from protofl.engine.train import LocalSetup, RoundContext
 
 # seconds; FLOP rate in FLOP/s (one CPU thread)
 CPU = {
@@ -60,21 +59,11 @@ class Work:
     rounds_left: int = 1
 
     @classmethod
-    def of(cls, model: torch.nn.Module, x1: torch.Tensor, setup: LocalSetup,
+    def of(cls, model: torch.nn.Module, x1: torch.Tensor, batch: int, device: str | torch.device,
            steps: list[int], rounds_left: int = 1) -> Work:
-        dev = torch.device(setup.device).type
-        return cls(tuple(steps), setup.batch_size, forward_flops(model, tuple(x1.shape[1:]),
-                                                                 x1.dtype), dev, rounds_left)
-
-    @classmethod
-    def of_round(cls, rc: RoundContext, rounds_left: int = 1) -> Work:
-        """The work of a round's jobs (before any client is prepared). A learning rate that
-        decays every round is compiled into every round's graphs anew: a compile is then
-        spread over one round."""
-        s = rc.setup
-        steps = [job_steps(j, rc.data, s.batch_size, s.by_steps) for j in rc.jobs]
-        rounds_left = rounds_left if s.lr_decay == 1 else 1
-        return cls.of(rc.alg.model, rc.data.inputs(rc.data.x_train[:1]), s, steps, rounds_left)
+        """The work of ``steps`` of ``model`` at ``batch`` rows like ``x1`` on ``device``."""
+        return cls(tuple(steps), batch, forward_flops(model, tuple(x1.shape[1:]), x1.dtype),
+                   torch.device(device).type, rounds_left)
 
     def constants(self) -> dict[str, float]:
         return CUDA if self.device == "cuda" else CPU

@@ -78,6 +78,16 @@ class RoundContext:
         return self.client_states.get(client, {})
 
 
+def round_work(rc: RoundContext, rounds_left: int = 1) -> costs.Work:
+    """The work of a round's jobs (before any client is prepared). A learning rate that
+    decays every round is compiled into every round's graphs anew: a compile is then spread
+    over one round."""
+    s = rc.setup
+    steps = [costs.job_steps(j, rc.data, s.batch_size, s.by_steps) for j in rc.jobs]
+    return costs.Work.of(rc.alg.model, rc.data.inputs(rc.data.x_train[:1]), s.batch_size,
+                         s.device, steps, rounds_left if s.lr_decay == 1 else 1)
+
+
 def placed(rc: RoundContext) -> RoundContext:
     """``rc`` with the broadcast and its jobs' client states on the setup's device (tensors
     already there are not copied)."""

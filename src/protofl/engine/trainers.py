@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from protofl.engine import costs, hetero
-from protofl.engine.train import ClientResult, RoundContext, Trainer
+from protofl.engine.train import ClientResult, RoundContext, Trainer, round_work
 from protofl.errors import ProtoflError
 from protofl.models.nets import ProtoNet
 
@@ -179,7 +179,7 @@ class Auto:
         self.chosen: list[str] = []  # the trainer of each round trained, in order
 
     def work(self, rc: RoundContext) -> costs.Work:
-        return costs.Work.of_round(rc, rounds_left=max(1, self.rounds - rc.round + 1))
+        return round_work(rc, rounds_left=max(1, self.rounds - rc.round + 1))
 
     def choose(self, rc: RoundContext) -> str:
         return cheapest(self.trainers, self.work(rc))

@@ -410,7 +410,7 @@ class VectorizedTrainer:
     def make_step(self, rc: RoundContext, stack: Stack, works: list[ClientWork]) -> Step:
         if self.solo_max is not None:
             return EagerStep(stack, self.solo_max)
-        work = costs.Work.of(rc.alg.model, works[0].x[:1], rc.setup,
+        work = costs.Work.of(rc.alg.model, works[0].x[:1], rc.setup.batch_size, rc.setup.device,
                              [len(w.batches) for w in works])
         return EagerStep(stack, costs.solo_max(work))
 

@@ -13,19 +13,18 @@ Runs go to ``OUT/<claim>/<split>/<variant>/seed<N>`` and ``OUT/reproduce.json`` 
 per claim, the budget and whether it ran or why not (its data absent).
 """
 
-from protofl.reproduce.claims import CLAIMS, Claim, Comparison
+from protofl.reproduce.claims import CLAIMS, PLAN_FILE, Claim, Comparison
 from protofl.reproduce.plan import (
     BUDGETS,
-    PLAN_FILE,
     SEEDS,
     budget_config,
     claim_jobs,
     reproduce_plan,
-    run_reproduce,
     select,
     status,
     write_record,
 )
+from protofl.reproduce.run import run_reproduce
 
 __all__ = ["BUDGETS", "CLAIMS", "PLAN_FILE", "SEEDS", "Claim", "Comparison", "budget_config",
            "claim_jobs", "reproduce_plan", "run_reproduce", "select", "status", "write_record"]

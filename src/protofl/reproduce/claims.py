@@ -110,6 +110,10 @@ SEG_STATEMENT = ("fedmargin improves mIoU over FedAvg on every configuration, es
                  "highly non-i.i.d. data (Fig. 5)")
 # every claim's runs: the claims read accuracy, and the gradient dissimilarity is costly
 NO_COSTLY = {"metrics": {"dissimilarity_clients": 0}}
+# a reproduce folder: OUT/reproduce.json (the record), OUT/<claim>/<split>/<variant>/seed<N>
+# (the alternatives under OUT/<claim>/<split>/alternatives/<label>/seed<N>)
+PLAN_FILE = "reproduce.json"
+ALTERNATIVES_DIR = "alternatives"
 # the seeds' classification protocol beside what it takes from FedProx
 FEDPROX_CLIENTS = {"per_round": 10, "local_epochs": 20, "batch_size": 10, "optimizer": "sgd",
                    "stragglers": 0.5}

@@ -16,8 +16,7 @@ from typing import Any
 
 from protofl.errors import ProtoflError
 from protofl.report.claims import logged
-from protofl.reproduce.claims import CLAIMS
-from protofl.reproduce.plan import ALTERNATIVES_DIR, PLAN_FILE
+from protofl.reproduce.claims import ALTERNATIVES_DIR, CLAIMS, PLAN_FILE
 
 FORMAT = "protofl-reproduce-evidence/1"
 # an entry: {budget, status, seeds, splits, overrides (the suite's --set, --rounds, --device),

@@ -10,12 +10,12 @@ from typing import Any
 from protofl.config import merge
 from protofl.errors import ProtoflError
 from protofl.nested import flatten
-from protofl.reproduce.claims import CLAIMS, NO_COSTLY, Claim
+from protofl.reproduce.claims import ALTERNATIVES_DIR, CLAIMS, NO_COSTLY, PLAN_FILE, Claim
+from protofl.reproduce.evidence import kept_runs
 from protofl.suites import seeded
 
 BUDGETS = ("short", "paper")
 SEEDS = {"short": (0, 1), "paper": (0, 1, 2, 3, 4)}
-PLAN_FILE = "reproduce.json"
 
 
 def select(names: str | None) -> list[Claim]:
@@ -60,9 +60,6 @@ def pick_splits(claim: Claim, names: tuple[str, ...] | None) -> list[str]:
         raise ProtoflError(f"--splits: claim {claim.name} has no split {unknown[0]!r}; it has "
                            f"{', '.join(claim.splits)}")
     return list(dict.fromkeys(names))
-
-
-ALTERNATIVES_DIR = "alternatives"  # OUT/<claim>/<split>/alternatives/<label>/seed<N>
 
 
 def claim_jobs(claim: Claim, budget: str, out: Path, seeds: tuple[int, ...],
@@ -121,11 +118,8 @@ def reproduce_plan(names: str | None, budget: str, out: Path,
         record[claim.name] = {"budget": budget, "status": state, "seeds": list(seeds),
                               "splits": chosen, "overrides": overrides or {}}
         if state == "run":
-            done = frozenset()
-            if kept is not None:
-                from protofl.reproduce.evidence import kept_runs
-
-                done = kept_runs(kept, claim.name, budget, overrides, alternatives)
+            done = (kept_runs(kept, claim.name, budget, overrides, alternatives)
+                    if kept is not None else frozenset())
             jobs += claim_jobs(claim, budget, out, seeds, overrides, chosen, alternatives, done)
     return record, jobs
 
@@ -145,17 +139,6 @@ def rerun_command(claim: Claim, entry: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def pretrain_encoders(names: str | None, budget: str, out: Path,
-                      record: dict[str, dict]) -> None:
-    """Train (or reuse) the encoder of every claim to run that starts from one."""
-    from protofl.models.pretrain import PretrainSpec, shapes_encoder
-
-    for claim in select(names):
-        if claim.pretrain and record[claim.name]["status"] == "run":
-            shapes_encoder(encoder_path(claim, budget, out),
-                           PretrainSpec(**claim.pretrain[budget]))
-
-
 def write_record(out: Path, record: dict[str, dict]) -> Path:
     """Merge ``record`` into ``OUT/reproduce.json`` (claims run another time are kept)."""
     path = out / PLAN_FILE
@@ -168,28 +151,3 @@ def write_record(out: Path, record: dict[str, dict]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"claims": {**old, **record}}, indent=1) + "\n")
     return path
-
-
-def run_reproduce(names: str | None, budget: str, out: Path, jobs: int | None = None,
-                  seeds: tuple[int, ...] | None = None,
-                  overrides: dict[str, Any] | None = None,
-                  splits: tuple[str, ...] | None = None, alternatives: bool = False,
-                  kept: Path | None = None) -> str:
-    """Run the claims named at ``budget`` (``splits``: only these; ``alternatives``: the
-    reconstruction's alternatives instead; ``kept``: not the runs this evidence folder
-    holds) and return their verdict tables (Markdown); ``OUT/claims.md`` holds them too,
-    with ``kept``'s runs merged in."""
-    from protofl.config import config_from_dict
-    from protofl.reproduce.tables import reproduction_markdown
-    from protofl.suites import execute
-
-    record, work = reproduce_plan(names, budget, out, seeds, overrides, splits, alternatives,
-                                  kept)
-    for raw, _ in work:
-        config_from_dict(raw)  # every config checked before anything runs
-    write_record(out, record)  # first: a suite stopped early leaves a readable folder
-    pretrain_encoders(names, budget, out, record)
-    execute(work, jobs, f"reproduce ({budget})")
-    text = reproduction_markdown([*([kept] if kept else []), out], only=list(record))
-    (out / "claims.md").write_text(text + "\n")
-    return text

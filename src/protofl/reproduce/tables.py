@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from protofl.errors import ProtoflError
 from protofl.report.claims import (
     DRIFT,
     MIN_SEEDS,
@@ -180,37 +179,3 @@ def tables_markdown(records: dict[str, dict], only: list[str] | None = None) -> 
             lines += ["#### AMM and accuracy (the seed: ρ = 0.68, p = 0.01, over its Tables 2 "
                       "and 4)", "", *AMM_HEADER, *rows, ""]
     return "\n".join(lines).rstrip("\n")
-
-
-def write_reproduction(sources: list[Path], md: Path, overwrite: bool = False,
-                       evidence_dir: Path | None = None) -> Path:
-    """Write (or update the generated section of) ``md`` with the claim tables of the
-    reproduce folders and evidence files given; ``evidence_dir``: also write there the
-    merged evidence the tables were read from, a file a claim. Every paper-budget comparison
-    with two pairs or more is also drawn, in ``img/reproduction.png`` beside ``md``; the
-    sensitivity table (``reproduction-sensitivity``) and the claims in words
-    (``reproduction-words``) are generated into their own marked sections."""
-    from protofl.report import outputs
-    from protofl.report.markdown import begin, end, merge_sections
-    from protofl.reproduce.figure import forest  # it draws tables' results
-    from protofl.reproduce.sensitivity import sensitivity_markdown
-    from protofl.reproduce.words import words_markdown
-
-    md = Path(md)
-    if md.exists() and not overwrite:
-        raise ProtoflError(f"{md} exists; pass --overwrite to update its generated section")
-    outputs.writable(md)
-    name = "reproduction"
-    records = evidence.merge([Path(f) for f in sources])
-    figure = forest(records, md.parent / "img" / "reproduction.png")
-    glance = ([f"![every comparison's mean difference and 95% interval, coloured by verdict]"
-               f"({figure.relative_to(md.parent).as_posix()})", ""] if figure else [])
-    blocks = {name: [*glance, tables_markdown(records)],
-              f"{name}-sensitivity": [sensitivity_markdown(records)],
-              f"{name}-words": [words_markdown(records)]}
-    old = md.read_text() if md.exists() else "# Reproduction\n"
-    if evidence_dir is not None:
-        evidence.write(records, evidence_dir)
-    outputs.write_text(md, merge_sections(old, {k: "\n".join([begin(k), "", *v, "", end(k)])
-                                                for k, v in blocks.items()}))
-    return md
