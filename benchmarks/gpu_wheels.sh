@@ -8,7 +8,8 @@
 # README's recipe), then keeps only those the machine lacks: every package named in
 # benchmarks/gpu_machine_packages.txt (torch among them) is dropped, and so is `uv` (the
 # binary Flower's CLI packages apps with; a simulation never calls it). Ray's wheel (74 MB) is
-# re-packed without ray/jars (the Java workers' jar, 30 MB) and the dashboard's web client, so
+# re-packed without ray/jars (the Java workers' jar, 30 MB), the dashboard's web client and the
+# Ray libraries Flower never imports, so
 # that everything fits the device tool's 64 MiB carry limit (the wheels plus the working tree).
 # DEST/build/ gets setuptools, for a python without it (the dry run's fresh venv) to build
 # protofl's own wheel. DEST is git-ignored (/.whl/); carry it with the run: carry [".whl"].
@@ -53,7 +54,10 @@ listing, drop = sys.argv[4], sys.argv[5]
 norm = lambda s: re.sub(r"[-_.]+", "-", s).lower()
 have = {norm(l.strip()) for l in open(listing) if l.strip() and not l.startswith("#")}
 have |= {norm(d) for d in drop.split()}
-SLIM = ("ray/jars/", "ray/dashboard/client/build/")  # Java workers; the web UI
+# Java workers; the web UI; Ray's libraries that Flower's simulation never imports (the
+# 64 MiB carried with the working tree is otherwise just exceeded)
+SLIM = ("ray/jars/", "ray/dashboard/client/build/", "ray/rllib/", "ray/llm/", "ray/serve/",
+        "ray/data/", "ray/tune/", "ray/train/")
 for whl in sorted(stage.glob("*.whl")):
     name = norm(whl.name.split("-")[0])
     if name in have or name.startswith("nvidia-"):
