@@ -23,6 +23,7 @@ ALGORITHMS: dict[str, str] = {
     "fd": "protofl.algorithms.fd:FD",
     "lgfedavg": "protofl.algorithms.lgfedavg:LGFedAvg",
     "fedgh": "protofl.algorithms.fedgh:FedGH",
+    "fedgen": "protofl.algorithms.fedgen:FedGen",
     "fpl": "protofl.algorithms.fpl:FPL",
     "fml": "protofl.algorithms.fml:FML",
     "fedkd": "protofl.algorithms.fedkd:FedKD",
