@@ -22,7 +22,7 @@ EXPECTED = {  # the capabilities each method's paper gives it
     "fedtgp": {"Sums", "Prototypes", "Personalized"},
     "fd": {"Sums", "Personalized"}, "lgfedavg": {"Sums", "Personalized"},
     "fedgh": {"Sums", "Prototypes", "Personalized"}, "fpl": {"Prototypes"},
-    "fml": {"Sums", "Personalized"},
+    "fml": {"Sums", "Personalized"}, "fedmrl": {"Sums", "Personalized"},
 }
 
 

@@ -25,6 +25,7 @@ ALGORITHMS: dict[str, str] = {
     "fedgh": "protofl.algorithms.fedgh:FedGH",
     "fpl": "protofl.algorithms.fpl:FPL",
     "fml": "protofl.algorithms.fml:FML",
+    "fedmrl": "protofl.algorithms.fedmrl:FedMRL",
     "central": "protofl.algorithms.central:Central",
 }
 ALIASES = {"pgfl": "fedmargin"}
