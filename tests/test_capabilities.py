@@ -23,7 +23,7 @@ EXPECTED = {  # the capabilities each method's paper gives it
     "fd": {"Sums", "Personalized"}, "lgfedavg": {"Sums", "Personalized"},
     "fedgh": {"Sums", "Prototypes", "Personalized"}, "fpl": {"Prototypes"},
     "fml": {"Sums", "Personalized"}, "fedkd": {"Sums", "Personalized"},
-    "fedgen": {"Sums", "Personalized"},
+    "fedgen": {"Sums", "Personalized"}, "fedmrl": {"Sums", "Personalized"},
 }
 
 

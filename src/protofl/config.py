@@ -212,8 +212,8 @@ class ModelConfig:
                                             "dataset's; shapes 64, else 256)", ge=8)
     # model-heterogeneous federations (models/families.py, docs/configuration.md)
     per_client: list[str] = option([], "client k trains the model at position k mod n "
-                                       "(the methods with personalised models: fedproto, fedtgp, "
-                                       "fedproin, fd, lgfedavg, fedgh, fml, fpl)")
+                                       "(the methods that train a model per client: "
+                                       "docs/algorithms.md, 'Heterogeneous models')")
     family: str | None = option(None, "a preset model group (models/families.py FAMILIES)")
     feature_dim: int | None = option(None, "heterogeneous: the shared feature size d (null: "
                                            "the family's, else the first model's)", ge=1)

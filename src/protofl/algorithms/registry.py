@@ -27,6 +27,7 @@ ALGORITHMS: dict[str, str] = {
     "fpl": "protofl.algorithms.fpl:FPL",
     "fml": "protofl.algorithms.fml:FML",
     "fedkd": "protofl.algorithms.fedkd:FedKD",
+    "fedmrl": "protofl.algorithms.fedmrl:FedMRL",
     "central": "protofl.algorithms.central:Central",
 }
 ALIASES = {"pgfl": "fedmargin"}
