@@ -29,6 +29,10 @@ WHEELS=${WHEELS:-.whl}
 SITE=${SITE:-/tmp/protofl-site}
 BUDGET=${BUDGET:-$([ "$DRY" = 1 ] && echo 2400 || echo 480)}  # seconds for the whole script
 SCALE=${SCALE:-$([ "$DRY" = 1 ] && echo 5 || echo 1)}  # step budgets x SCALE (a 2-core CPU)
+# ONLY="pytest-gpu speed-mlp ...": run just these of the test and benchmark steps (a rerun
+# inside what is left of a lease); the installs always run
+ONLY=${ONLY:-}
+want() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
 mkdir -p "$OUT"
 LOG="$OUT/gpu.log"
 FIG="$OUT/figures.jsonl"
@@ -136,21 +140,21 @@ tee -a "$LOG" < "$OUT/env.txt"
 # ---- tests, then the benchmarks, one workload a step ----
 XDIST=()
 "$PY" -c "import xdist" 2>/dev/null && [ "$DRY" = 0 ] && XDIST=(-n 4)
-step pytest-gpu 100 pytest.txt "$PY" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider \
+want pytest-gpu && step pytest-gpu 100 pytest.txt "$PY" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider \
   "${XDIST[@]}"
 
 SPEED=("$PY" benchmarks/speed.py --quick --no-memory --device "$DEVICE" --jsonl "$FIG")
-VARIANTS=auto,compiled,loop,floor  # compiled: windows of steps as CUDA graphs
+VARIANTS=${VARIANTS:-auto,compiled,loop,floor}  # compiled: windows of steps as CUDA graphs
 [ "$FLOWER" = 0 ] && VARIANTS=$VARIANTS,flower || log "no Flower here: 'vs flower' skipped"
 if [ "$DRY" = 1 ]; then
   step speed-mlp 240 speed.txt "${SPEED[@]}" --workloads mlp --variants auto,loop \
     --warmup 1 --rounds 2
 else
   for w in mlp:60 cnn:50 mnist-protocol:60 deeplab:50; do
-    step "speed-${w%%:*}" "${w#*:}" speed.txt "${SPEED[@]}" --workloads "${w%%:*}" \
+    want "speed-${w%%:*}" && step "speed-${w%%:*}" "${w#*:}" speed.txt "${SPEED[@]}" --workloads "${w%%:*}" \
       --variants "$VARIANTS" --flower-gpus 0.1
   done
-  step headline 150 speed.txt "${SPEED[@]}" --workloads "" --headline
+  want headline && step headline 150 speed.txt "${SPEED[@]}" --workloads "" --headline
 fi
 
 log "figures:"

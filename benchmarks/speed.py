@@ -56,7 +56,7 @@ Workloads ``mnist-protocol`` (a round of the seed's MNIST protocol as FedAvg: co
 1,000 clients, 10 a round drawn per round, E = 20 local epochs of batch 10, LEAF CNN; the real
 MNIST files where the config's data.root holds them, else generated ones) and ``deeplab``
 (DeepLab-V3+ on Shapes at 64 px) compare the same variants (no floor for mnist-protocol);
-``--headline`` (default on a CUDA ``--device``) runs configs/mnist.yaml's 100 rounds to the end:
+``--headline`` runs configs/mnist.yaml's 100 rounds to the end:
 ``[mnist-protocol] 100 rounds: N s``. ``--jsonl FILE`` appends each figure as it is measured.
 
 Workload ``mnist`` is the seed's MNIST protocol (``configs/mnist.yaml``: fedmargin, 1,000
@@ -79,7 +79,9 @@ import os
 import statistics
 import subprocess
 import sys
+import traceback
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -348,6 +350,7 @@ def child(variant: str, name: str, warmup: int, rounds: int, a: argparse.Namespa
     torch.set_num_threads(a.threads)
     total = warmup + rounds
     peaks: dict[str, int] = {}  # per in-process variant, the most allocated on the GPU
+    errors: dict[str, str] = {}  # the in-process variants that failed, and why
     with TreeSampler(proportional=True) as mem:
         if variant == "flower":
             times = {variant: flower_rounds(name, total, a.flower_gpus, a.device)}
@@ -365,14 +368,28 @@ def child(variant: str, name: str, warmup: int, rounds: int, a: argparse.Namespa
             times = {v: [] for v in runs}
             peaks = dict.fromkeys(runs, 0)
             for _ in range(total):
-                for v, run in runs.items():
+                for v, run in list(runs.items()):
                     reset_gpu_peak(a.device)
-                    times[v].append(next(run))
+                    try:
+                        times[v].append(next(run))
+                    except Exception as e:  # noqa: BLE001 - that variant fails, not the rest
+                        errors[v] = failure(e)
+                        del runs[v], times[v]
+                        continue
                     peaks[v] = max(peaks[v], gpu_peak(a.device) or 0)
     timed = {v: t[warmup:] for v, t in times.items()}
-    return {"variant": variant, "workload": name, "times": timed,
+    return {"variant": variant, "workload": name, "times": timed, "errors": errors,
             "median": {v: statistics.median(t) for v, t in timed.items()}, "peak": mem.peak,
             "gpu_peaks": peaks or dict.fromkeys(times, gpu_peak(a.device))}
+
+
+def failure(e: Exception) -> str:
+    """One line: the exception and the innermost frame of protofl or of this benchmark."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if "protofl" in f.filename or "benchmarks" in f.filename]
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    first = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {first}{where}"
 
 
 def reset_gpu_peak(device: str) -> None:
@@ -471,8 +488,7 @@ def main() -> None:
     ap.add_argument("--jsonl", help="append each result to this file as it is measured")
     ap.add_argument("--headline", action="store_true",
                     help="also run the seed's MNIST protocol's 100 rounds to the end: "
-                         "[mnist-protocol] 100 rounds: N s (default on a CUDA --device; hours "
-                         "on a CPU)")
+                         "[mnist-protocol] 100 rounds: N s (hours on a CPU)")
     ap.add_argument("--no-memory", action="store_true",
                     help="skip the per-variant peak-memory runs (PSS); GPU peaks are still "
                          "taken per variant in the timing run")
@@ -499,7 +515,7 @@ def main() -> None:
                 a.rounds if a.rounds is not None else (5 if a.quick else 10))
             continue
         report["results"][name] = workload_report(a, name, warmup, rounds)
-    if a.headline or torch.device(a.device).type == "cuda":
+    if a.headline:
         report["results"]["headline"] = headline_report(a)
     if a.json:
         with open(a.json, "w") as f:
@@ -553,10 +569,12 @@ def workload_report(a: argparse.Namespace, name: str, warmup: int, rounds: int) 
         both = run_child("+".join(local), name, warmup, rounds, a, timeout=1800,
                          steps=w["steps"])
         for v in local:
-            mem = {"peak": None} if a.no_memory or "error" in both else run_child(
+            mem = {"peak": None} if a.no_memory or "error" in both or v in both[
+                "errors"] else run_child(
                 v, name, 1, 1, a, timeout=900, steps=w["steps"])
-            if "error" in both or "error" in mem:
-                res[v] = {"error": both.get("error") or mem.get("error")}
+            failed = both.get("error") or both["errors"].get(v) or mem.get("error")
+            if failed:
+                res[v] = {"error": failed}
             else:
                 res[v] = {"times": both["times"][v], "median": both["median"][v],
                           "peak": mem["peak"], "gpu_peak": both["gpu_peaks"][v]}

@@ -129,6 +129,7 @@ def test_feature_passes_fit_the_free_memory_and_match_the_cpu():
     params, buffers = base.split_state(model)
     x = torch.rand(300, 3, 64, 64, generator=torch.Generator().manual_seed(0))
     want = base.features(model, params, buffers, x)
+    devices.set_deterministic(True)  # no TF32: CUDA's convolutions then round as float32
     model.cuda()
     p, b = devices.to_device(params, "cuda"), devices.to_device(buffers, "cuda")
     rows = devices.forward_rows("cuda", x.cuda(), base.FEATURE_BATCH,
@@ -136,6 +137,18 @@ def test_feature_passes_fit_the_free_memory_and_match_the_cpu():
     assert 1 <= rows <= base.FEATURE_BATCH
     got = base.features(model, p, b, x.cuda())
     assert torch.allclose(got.cpu(), want, rtol=1e-3, atol=1e-3)
+
+
+def untrained_logits(exp: Experiment, x: torch.Tensor) -> torch.Tensor:
+    """The aggregate model's logits of ``x`` in eval mode, on the CPU (its state untouched)."""
+    w = {k: {n: t.clone() for n, t in v.items()} for k, v in
+         exp.alg.global_weights(exp.state).items()}
+    model = exp.alg.model
+    model.eval()
+    with torch.no_grad():
+        out = base.forward(model, w["params"], w["buffers"], x.to(exp.device))[1].cpu()
+    model.train()
+    return out
 
 
 def _tensors(tree):
@@ -160,6 +173,9 @@ def test_segmentation_on_cpu_and_cuda_agree(name, trainer):
                        "train_loss_samples": 20, "eval_batch": 16, "every": 1}}
     cpu, gpu = (Experiment(config_from_dict({**raw, "device": d, "deterministic": True}))
                 for d in ("cpu", "cuda"))
+    # the untrained model's forward pass alone (eval mode) agrees to float32 rounding
+    want, got = (untrained_logits(e, cpu.data.inputs(cpu.data.x_test[:8])) for e in (cpu, gpu))
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
     a, b = cpu.run(), gpu.run()
     for key in ("loss", "train_loss", "amm", "dissimilarity"):  # not mIoU: pixel counts
         assert b[key] == pytest.approx(a[key], rel=TOL["rtol"], abs=TOL["atol"]), key
