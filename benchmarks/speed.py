@@ -143,6 +143,7 @@ def protofl_rounds(name: str, variant: str, workers: int, threads: int, device: 
     """Round times of protofl: sample all clients, train them, aggregate (no evaluation)."""
     import numpy as np
 
+    from protofl import device as devices
     from protofl.algorithms.registry import make_algorithm
     from protofl.engine.schedule import assign_work
     from protofl.engine.train import LocalSetup, RoundContext
@@ -153,7 +154,8 @@ def protofl_rounds(name: str, variant: str, workers: int, threads: int, device: 
     torch.manual_seed(0)
     model = make_model().to(device)
     alg = make_algorithm("fedavg", {}, model, data.num_classes)
-    state = alg.init_state(model)
+    server = devices.server_device(device)  # where the engine aggregates
+    state = devices.to_device(alg.init_state(model), server)
     setup = LocalSetup(w["batch"], not w.get("epochs"), "sgd", LR, 0.0, 0.0, seed=0,
                        device=device)
     trainer = protofl_trainer(variant, alg.model, workers, device)
@@ -167,7 +169,9 @@ def protofl_rounds(name: str, variant: str, workers: int, threads: int, device: 
         jobs = assign_work(active, w["steps"], 0.0, False, np_rng(0, STRAGGLE, t))
         results = trainer.train(RoundContext(alg, alg.broadcast(state), jobs, data, {}, setup,
                                              t))
-        state = alg.aggregate(state, [r.upload for r in results], t)[0]
+        # uploads meet the server state on its device, as in the engine's round
+        state = alg.aggregate(state, [devices.to_device(r.upload, server) for r in results],
+                              t)[0]
         sync(device)
         yield now() - start
 
