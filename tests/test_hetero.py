@@ -154,9 +154,9 @@ def test_the_heterogeneous_suite_pairs_each_method_with_one_shared_model(tmp_pat
         model = raw["model"]
         assert model.get("family") == "htfe-cnn" or model.get("per_client") == ["cnn2"]
         config_from_dict(raw)  # every config valid
-    paper = plan(budget_name("heterogeneous", "paper"), tmp_path)
-    raw = paper[0][0]
-    assert raw["data"]["num_clients"] == 20 and raw["clients"]["per_round"] == 20
+    # --budget paper: HtFLlib's protocol (tests/test_suites.py checks it in full)
+    assert budget_name("heterogeneous", "paper") == "heterogeneous-paper"
+    raw = plan("heterogeneous-paper", tmp_path)[0][0]
     assert (raw["clients"]["batch_size"], raw["clients"]["lr"]) == (10, 0.01)
     with pytest.raises(ProtoflError, match="no --budget"):
         budget_name("main", "paper")

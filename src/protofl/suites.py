@@ -208,13 +208,16 @@ def plan(name: str, out: Path, seeds: tuple[int, ...] | None = None,
     if name not in SUITES:
         raise ProtoflError(f"unknown suite {name!r}; allowed: {', '.join(SUITES)}")
     suite = SUITES[name]
+    runs, skip = suite.run_table(), not_run(name, overrides)
     jobs = []
     for ds, base in suite.datasets.items():
+        if ds in skip:
+            continue
         for seed in seeds or suite.seeds:
             if suite.ffd:  # first, so that it runs before the runs that read it
                 raw = seeded(merge(base, CENTRAL), seed, overrides)
                 jobs.append((raw, str(out / ds / "central" / f"seed{seed}")))
-        for label, over in suite.runs.items():
+        for label, over in runs.items():
             if ds not in suite.runs_on.get(label, (ds,)):
                 continue
             for seed in seeds or suite.seeds:
@@ -224,6 +227,40 @@ def plan(name: str, out: Path, seeds: tuple[int, ...] | None = None,
                     raw = merge(raw, {"metrics": {"ffd_reference": str(ref)}})
                 jobs.append((raw, str(out / ds / label / f"seed{seed}")))
     return jobs
+
+
+def data_present(data: dict[str, Any]) -> bool:
+    """Whether ``data.root`` holds what the loader of ``data.name`` reads (its layout check,
+    ``data/sources.py``; without one: the folder exists)."""
+    import importlib
+
+    from protofl.data.sources import SOURCES
+    from protofl.errors import ProtoflError
+
+    root = data.get("root")
+    if not root or not Path(str(root)).expanduser().exists():
+        return False
+    src = SOURCES.get(str(data.get("name")))
+    if src is None or src.check is None:
+        return True
+    module, func = src.check.split(":")
+    try:
+        getattr(importlib.import_module(module), func)(Path(str(root)).expanduser())
+    except ProtoflError:
+        return False
+    return True
+
+
+def not_run(name: str, overrides: dict[str, Any] | None = None) -> dict[str, str]:
+    """``{dataset label: "not run here: needs ..."}`` for the datasets of suite ``name`` whose
+    data are absent (``Suite.needs``; ``overrides`` may move ``data.root``)."""
+    suite = SUITES[name]
+    out = {}
+    for ds, what in suite.needs.items():
+        data = merge(suite.datasets[ds], overrides or {}).get("data", {})
+        if not data_present(data):
+            out[ds] = f"not run here: needs {what} (data.root: {data.get('root')})"
+    return out
 
 
 def phases(jobs: list[tuple[dict, str]]) -> list[list[tuple[dict, str]]]:
@@ -260,6 +297,7 @@ def run_suite(name: str, out: Path, jobs: int | None = None, seeds: tuple[int, .
     """Run a suite (in ``jobs`` processes) and write ``OUT/table.md``, the curves and
     ``OUT/report.html``."""
     from protofl.config import config_from_dict
+    from protofl.errors import ProtoflError
     from protofl.report.compare import compare
     from protofl.report.html import write_html
     from protofl.report.sections import sections
@@ -267,8 +305,17 @@ def run_suite(name: str, out: Path, jobs: int | None = None, seeds: tuple[int, .
     work = plan(name, out, seeds, overrides)
     for raw, _ in work:
         config_from_dict(raw)  # every config checked before anything runs
+    skipped = not_run(name, overrides)
+    notes = "".join(f"- {ds}: {why}\n" for ds, why in skipped.items())
+    if not work:
+        raise ProtoflError(f"suite {name}: nothing to run; " + "; ".join(
+            f"{ds}: {why}" for ds, why in skipped.items()))
     execute(work, jobs, name)
     text = compare([Path(f) for _, f in work], out / "table.md", overwrite=True)
+    if notes:  # said on the terminal and under the table
+        with open(out / "table.md", "a", encoding="utf-8") as f:
+            f.write(f"\nDatasets not run:\n\n{notes}")
+        text += f"\ndatasets not run:\n{notes}"
     finish = SUITES[name].finish
     figures = finish(out, work) if finish is not None else []
     write_html(sections([out]), out / "report.html", overwrite=True,
