@@ -202,19 +202,15 @@ def test_the_paper_protocol_is_htfllibs(tmp_path):
 
 
 def test_htfllibs_flags_are_mapped_for_every_registered_method():
-    """Each PAPER_ALGO entry names options its method declares; an HtFLlib method still in
-    PENDING once registered fails here until total.sh's flags for it are mapped."""
+    """Each heterogeneous-capable method has its PAPER_ALGO entry, and it names options its
+    method declares."""
     from protofl.config import build
     from protofl.engine.hetero import capable, variant
-    from protofl.suites_hetero import PAPER_ALGO, PENDING
+    from protofl.suites_hetero import PAPER_ALGO
 
-    registered = set(capable())
-    for name, algo in PAPER_ALGO.items():
-        if name in registered:
-            build(variant(name).Options, dict(algo), "algo")  # unknown keys raise
-    late = sorted(registered & set(PENDING))
-    assert not late, (f"{late} registered: move total.sh's flags {[PENDING[n] for n in late]} "
-                      "into suites_hetero.PAPER_ALGO as protofl options")
+    assert set(capable()) <= set(PAPER_ALGO), sorted(set(capable()) - set(PAPER_ALGO))
+    for name in capable():
+        build(variant(name).Options, dict(PAPER_ALGO[name]), "algo")  # unknown keys raise
 
 
 def _fake_cifar10(root: Path) -> Path:

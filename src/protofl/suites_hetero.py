@@ -132,16 +132,17 @@ PAPER_ALGO: dict[str, dict] = {
     "fml": {"alpha": 0.5, "beta": 0.5},  # FML: -al 0.5 -bt 0.5
     "fedgh": {"server_lr": 0.01, "server_epochs": 1},  # FedGH: -slr 0.01 -se 1 (main.py -se 100)
     "lgfedavg": {},  # LG-FedAvg: none
+    # FedKD: -mlr 0.01 (the mentee's lr: protofl trains both models with one optimizer at
+    # the clients' 0.01) -Ts 0.95 -Te 0.98
+    "fedkd": {"t_start": 0.95, "t_end": 0.98},
+    # FedGen: -nd 32 -glr 0.1 -hd 512 -se 100, in HtFLlib's form (docs/algorithms.md, fedgen:
+    # one regulariser at weight 1, no decay, no diversity term, a_k = n_k / n, its batch)
+    "fedgen": {"noise_dim": 32, "server_lr": 0.1, "hidden": 512, "server_steps": 100,
+               "alpha": 1.0, "beta": 0.0, "decay": 1.0, "eta": 0.0,
+               "ensemble_weights": "samples", "server_batch": 10},
+    "fedmrl": {"sub_dim": 128},  # FedMRL: -sfd 128
     # not HtFLlib's methods: the protocol's data and local training, their own options
     "fedproin": {}, "fpl": {},
-}
-# total.sh's flags of the HtFLlib methods whose protofl form is not registered yet: once one
-# is, its entry moves to PAPER_ALGO in protofl's option names (tests/test_suites.py fails
-# until then; until it moves, the method runs at its own defaults)
-PENDING = {
-    "fedkd": "-mlr 0.01 -Ts 0.95 -Te 0.98",
-    "fedgen": "-nd 32 -glr 0.1 -hd 512 -se 100",
-    "fedmrl": "-sfd 128",
 }
 
 
