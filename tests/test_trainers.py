@@ -191,3 +191,16 @@ def test_auto_gives_the_sequential_results(float64):
     assert_results_equal(SequentialTrainer().train(rc), auto.train(rc))
     assert auto.chosen in (["vectorized"], ["sequential"])
 
+
+
+def test_the_compiled_trainer_counts_the_graphs_it_holds():
+    """Its estimate leaves out the compile of a stack size it already holds a graph of (the
+    graphs are keyed by algorithm, size and learning rate)."""
+    from protofl.engine.compiled import CompiledTrainer, GraphKey
+
+    w = costs.Work((2, 5, 2), 10, 2e5)
+    t = CompiledTrainer()
+    assert t.estimate(w) == pytest.approx(costs.compiled_seconds(w))
+    t.graphs[GraphKey(0, 1, 0.1)] = None
+    assert t.estimate(w) == pytest.approx(costs.compiled_seconds(w, frozenset({1})))
+    assert t.estimate(w) < costs.compiled_seconds(w)

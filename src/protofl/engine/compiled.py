@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import shutil
 import types
+from typing import NamedTuple
 
 import torch
 from torch.utils._pytree import tree_map
@@ -67,6 +68,15 @@ def _steps(alg: Algorithm, setup: LocalSetup, in_dims: tuple, trained: tuple[str
     return torch.stack(values), tree_map(lambda *v: torch.stack(v), *stats)
 
 
+class GraphKey(NamedTuple):
+    """A compiled graph's key: one per algorithm, stack size and learning rate (a decayed
+    learning rate is a new graph)."""
+
+    alg: int  # id() of the algorithm
+    size: int  # the stack size
+    lr: float
+
+
 def _fresh(m: int):
     """``_steps`` as a function of its own code object: each stack size keeps its own cache
     of compiled graphs (torch.compile limits the graphs cached per code object)."""
@@ -94,7 +104,7 @@ class CompiledStep:
         """The graph of stack size ``m`` and its arguments but the batch and the mask."""
         if m not in self.args:
             s, rows = self.stack, slice(m)
-            key = (id(s.alg), m, s.setup.lr)  # a decayed learning rate is a new graph
+            key = GraphKey(id(s.alg), m, s.setup.lr)
             if key not in self.graphs:
                 for old in [k for k in self.graphs if k[:2] == key[:2]]:
                     del self.graphs[old]  # an earlier round's learning rate
@@ -152,7 +162,7 @@ class CompiledTrainer(VectorizedTrainer):
                 or compile_reason(torch.device(device)))
 
     def estimate(self, work: costs.Work) -> float:
-        return costs.compiled_seconds(work, frozenset(m for _, m in self.graphs))
+        return costs.compiled_seconds(work, frozenset(k.size for k in self.graphs))
 
     def make_step(self, rc: RoundContext, stack: Stack, works: list[ClientWork]) -> Step:
         return CompiledStep(stack, self.graphs, super().make_step(rc, stack, works))
