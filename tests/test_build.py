@@ -180,3 +180,18 @@ def test_run_takes_a_yaml_path_and_repeats(tmp_path):
     assert drop == [{k: v for k, v in r.items() if k != "seconds"} for r in b.records]
     with pytest.raises(ProtoflError, match="no aggregate model"):
         protofl.run({**TINY, "algorithm": "fedproto", "rounds": 1}).state_dict()
+
+
+def test_protofl_build_takes_what_protofl_run_takes(tmp_path):
+    """``protofl.build`` takes a dict with the YAML's keys or a config file, as ``run`` does."""
+    import json
+
+    import protofl
+
+    raw = {"algorithm": "fedavg", "rounds": 1, "data": {"name": "digits", "num_clients": 4},
+           "clients": {"per_round": 2}}
+    fed = protofl.build(raw)
+    assert fed.spec.algorithm == "fedavg" and fed.data.num_clients == 4
+    (tmp_path / "c.json").write_text(json.dumps(raw))
+    assert protofl.build(str(tmp_path / "c.json")).spec == fed.spec
+    assert protofl.build({"task": "segmentation"}).spec.data.name == "shapes"

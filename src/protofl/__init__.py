@@ -8,7 +8,7 @@ The Python API (:mod:`protofl.api`) is importable from here: ``run`` (returns a 
 from __future__ import annotations
 
 _API = {"run": "protofl.api", "Run": "protofl.api", "run_experiment": "protofl.api",
-        "build": "protofl.engine.federation", "Federation": "protofl.engine.federation",
+        "build": "protofl.api", "Federation": "protofl.engine.federation",
         "resolve": "protofl.engine.spec", "RunSpec": "protofl.engine.spec",
         "resume_experiment": "protofl.api",
         "config_from_dict": "protofl.config", "load_raw": "protofl.config",

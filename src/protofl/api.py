@@ -23,11 +23,13 @@ import torch
 
 from protofl import device as devices
 from protofl.config import Config, config_from_dict, load_raw
+from protofl.data.federated import FederatedData
 from protofl.data.registry import with_task_dataset
 from protofl.data.site import SiteFederation
-from protofl.engine import runfolder
+from protofl.engine import federation, runfolder
 from protofl.engine.callbacks import Callback, Progress
 from protofl.engine.experiment import Experiment
+from protofl.engine.federation import Federation
 from protofl.engine.runfolder import RunStore
 from protofl.engine.spec import RunSpec
 from protofl.errors import Diverged, ProtoflError
@@ -177,6 +179,14 @@ def as_config(config: Config | dict | str | Path | None) -> Config:
         return config
     raw = config if isinstance(config, dict) else load_raw(config)
     return config_from_dict(with_task_dataset(raw))  # "task" alone: its default dataset
+
+
+def build(config: Config | dict | str | Path | None = None,
+          data: FederatedData | None = None) -> Federation:
+    """The :class:`~protofl.engine.federation.Federation` ``config`` names (a Config, a dict
+    with the YAML's keys or a config file's path), built but not run; ``data`` replaces the
+    federation its data section names."""
+    return federation.build(as_config(config), data)
 
 
 def run(config: Config | dict | str | Path | None = None, out: str | Path | None = None, *,
