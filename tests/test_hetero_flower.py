@@ -23,8 +23,10 @@ from protofl.flower.server_app import run_on_grid  # noqa: E402
 OWN = {0: "cnn2", 1: "mlp_small"}  # the "own" case's node configs
 
 
-METHODS = ("fd", "lgfedavg", "fedgh", "fpl", "fml")  # HtFLlib's methods and FPL, their defaults
-FAST = {"fedgh": {"server_epochs": 3}}
+# HtFLlib's methods and FPL, at their defaults but for shorter server training
+METHODS = ("fd", "lgfedavg", "fedgh", "fedgen", "fpl", "fml", "fedkd", "fedmrl")
+FAST = {"fedgh": {"server_epochs": 3},
+        "fedgen": {"server_steps": 5, "server_batch": 8, "samples_per_class": 3}}
 
 
 def cfg(own: bool = False, algorithm: str = "fedproto"):
