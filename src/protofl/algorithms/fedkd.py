@@ -47,7 +47,6 @@ broadcast); uploads ``mentee`` and ``num_samples``; the metrics line logs ``ener
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
@@ -189,12 +188,7 @@ class FedKD(LGFedAvg):
                               "E = 1")
 
     def wrap_model(self, model):
-        def make(m: ProtoNet) -> FedKDNet:
-            if not hasattr(self, "_mentee"):  # the shared architecture: the first model's
-                self._mentee = copy.deepcopy(m)
-            return FedKDNet(m, copy.deepcopy(self._mentee))
-
-        return self.wrapped(model, FedKDNet, make)
+        return self.wrapped(model, FedKDNet, lambda m: FedKDNet(m, self.shared_copy(m)))
 
     def energy(self, round: int) -> float:
         """The energy threshold T(t) of round ``round`` (1, 2, ...)."""

@@ -124,14 +124,16 @@ class FedMRL(LGFedAvg):
                               "parts): SGD, lr 0.01, batch 10, E = 1")
 
     def wrap_model(self, model):
+        def small(m: ProtoNet) -> Projected:  # the first model's, its features pooled to d1
+            d1 = self.opts.sub_dim or max(1, m.feature_dim // 4)
+            return Projected(copy.deepcopy(m), d1, self.num_classes, "pool")
+
         def make(m: ProtoNet) -> MRLNet:
-            if not hasattr(self, "_small"):  # the shared architecture: the first model's
-                d1 = self.opts.sub_dim or max(1, m.feature_dim // 4)
-                self._small = Projected(copy.deepcopy(m), d1, self.num_classes, "pool")
-            if self._small.feature_dim > m.feature_dim:
-                raise ProtoflError(f"fedmrl: algo.sub_dim = {self._small.feature_dim} exceeds "
-                                   f"the local model's feature size d2 = {m.feature_dim}")
-            return MRLNet(m, copy.deepcopy(self._small))
+            g = self.shared_copy(m, small)
+            if g.feature_dim > m.feature_dim:
+                raise ProtoflError(f"fedmrl: algo.sub_dim = {g.feature_dim} exceeds the local "
+                                   f"model's feature size d2 = {m.feature_dim}")
+            return MRLNet(m, g)
 
         return self.wrapped(model, MRLNet, make)
 

@@ -27,7 +27,6 @@ over clients: DP and secure sums apply, the meme model as model weights).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
@@ -97,12 +96,7 @@ class FML(LGFedAvg):
                               "SGD, lr 0.01, batch 10, E = 1")
 
     def wrap_model(self, model):
-        def make(m: ProtoNet) -> FMLNet:
-            if not hasattr(self, "_meme"):  # the shared architecture: the first model's
-                self._meme = copy.deepcopy(m)
-            return FMLNet(m, copy.deepcopy(self._meme))
-
-        return self.wrapped(model, FMLNet, make)
+        return self.wrapped(model, FMLNet, lambda m: FMLNet(m, self.shared_copy(m)))
 
     def loss(self, model, params, buffers, x, y, w, ctx):
         _, logits, meme = functional_call(model, {**params, **buffers}, (x,),

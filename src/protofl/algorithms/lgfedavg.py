@@ -21,6 +21,8 @@ as model weights).
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -36,6 +38,7 @@ from protofl.algorithms.base import (
 )
 from protofl.algorithms.capabilities import Personalized, Sums
 from protofl.errors import ProtoflError
+from protofl.models.nets import ProtoNet
 
 HEAD = "classifier."  # the parameters of a ProtoNet's linear head
 
@@ -85,6 +88,15 @@ class LGFedAvg(GlobalHead, Sums, Algorithm):
         params, buffers = split_state(model)
         return {"init": {"params": params, "buffers": buffers},
                 self.key: {k: v.clone() for k, v in self.check_head(model).items()}}
+
+    def shared_copy(self, first: ProtoNet,
+                    build: Callable[[ProtoNet], ProtoNet] = copy.deepcopy) -> ProtoNet:
+        """A fresh copy of a shared model of one architecture for every client (fml's meme,
+        fedkd's mentee, fedmrl's small model): ``build`` of the first client model asked
+        with, as HtFLlib builds its global model from model 0, with its initial weights."""
+        if not hasattr(self, "_shared_model"):
+            self._shared_model = build(first)
+        return copy.deepcopy(self._shared_model)
 
     def broadcast(self, state):
         return {"init": state["init"], self.key: state[self.key]}
