@@ -131,3 +131,21 @@ def test_a_metric_logged_once_keeps_its_curve_and_a_flat_one_is_a_line():
              {"round": 2, "accuracy": 0.6, "clients_evaluated": 6, "flag": True}]]
     keys, flat = numeric_metrics(runs)
     assert keys == ["accuracy", "once"] and flat == {"clients_evaluated": 6.0}
+
+
+def test_a_group_keeps_its_colour_in_every_panel():
+    """A group drawn in a panel where an earlier group is missing keeps its own colour (the
+    AMM panel of a suite whose first methods log no AMM drew them in the others' colours)."""
+    from matplotlib.colors import to_hex
+
+    from protofl.report.canvas import color
+    from protofl.report.plots import groups_figure
+
+    rows = lambda amm: [{"round": t, "accuracy": 0.1 * t, **({"amm": t} if amm else {})}  # noqa: E731
+                        for t in (1, 2)]
+    fig = groups_figure({"fd": [rows(False)], "fedproto": [rows(True)]})
+    titles = [ax.get_title() for ax in fig.axes]
+    accuracy, amm = (fig.axes[titles.index(t)] for t in ("test accuracy",
+                                                          "aggregate mean margin"))
+    assert [to_hex(line.get_color()) for line in accuracy.lines] == [color(0), color(1)]
+    assert [to_hex(line.get_color()) for line in amm.lines] == [color(1)]

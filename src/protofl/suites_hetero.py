@@ -95,13 +95,9 @@ CIFAR100 = merge(PROTOCOL, {
 
 # The stand-in: the embedded cifar_tiny (600 training and 200 test images, 32x32, 10
 # classes) under the protocol's split and local training, at a REDUCED budget so that the
-# whole suite (5 seeds x every method, the three being added included) fits about 40
-# minutes with 2 jobs on the 2-core build machine. Measured there (2 jobs, shared with other
-# work): 10 rounds of the 8 methods registered on 2026-12-04 spent 158 s in their rounds
-# (fedproin 49, fedtgp 36, fpl 19, fedgh 15, fml 12, fedproto 11, fd 8.5, lgfedavg 7.6) and
-# about 7 s each around them; with 3 more methods of the mean cost, 5 seeds take about
-# 108 s per round and 380 s besides, so 40 rounds should take about 39 minutes with 2 jobs
-# (an estimate from those runs; docs/results.md). What differs from the protocol, and why:
+# whole suite (5 seeds x every method) fits about 40 minutes with 2 jobs on the 2-core build
+# machine: its 55 runs took 36 min on 2026-12-04 (docs/results.md). What differs from the
+# protocol, and why:
 # - 10 clients (all active), not 20: 600 images cannot give 20 clients a Dirichlet(0.1)
 #   share of at least 10 images each (4 of the seeds 0-4 fail to partition);
 # - the matched harness's CNNs (benchmarks/hetero_vs_htfllib.py: client k trains cnn1,

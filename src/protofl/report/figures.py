@@ -8,7 +8,7 @@ from matplotlib.ticker import MaxNLocator
 
 from protofl.metrics.mmd import ffd
 from protofl.report import svg
-from protofl.report.canvas import subplots
+from protofl.report.canvas import color, dash, subplots
 from protofl.report.plots import confusion_figure, weights_figure
 
 NAMES = {"accuracy": "test accuracy", "balanced_accuracy": "balanced accuracy",
@@ -28,12 +28,6 @@ NAMES = {"accuracy": "test accuracy", "balanced_accuracy": "balanced accuracy",
          "seconds": "wall-clock s (cumulative)"}
 FIRST = ("miou", "accuracy", "loss", "train_loss", "local_miou", "local_accuracy",
          "dissimilarity", "amm", "mmd")
-COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-          "#7f7f7f", "#bcbd22", "#17becf")
-
-
-def color(i: int) -> str:
-    return COLORS[i % len(COLORS)]
 
 
 def _number(v) -> bool:
@@ -100,7 +94,7 @@ def curve_svg(series: dict[int, tuple[str, tuple[list, list, list]]], title: str
         fig, ax = subplots(figsize=(4.6, 3.0), layout="constrained")
         for i, (name, (x, m, s)) in series.items():
             xa, ma, sa = np.asarray(x), np.asarray(m), np.asarray(s)
-            (line,) = ax.plot(xa, ma, color=color(i), lw=1.5, label=name)
+            (line,) = ax.plot(xa, ma, color=color(i), ls=dash(i), lw=1.5, label=name)
             line.set_gid(f"series-{i}-line")
             if sa.any():
                 fill = ax.fill_between(xa, ma - sa, ma + sa, color=color(i), alpha=0.18, lw=0)

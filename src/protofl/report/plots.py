@@ -9,7 +9,7 @@ import numpy as np
 
 from protofl.engine.callbacks import Callback
 from protofl.engine.runfolder import RunStore
-from protofl.report.canvas import subplots
+from protofl.report.canvas import color, dash, subplots
 
 CURVES = (("accuracy", "test accuracy"), ("train_loss", "training loss"),
           ("dissimilarity", "gradient dissimilarity"), ("amm", "aggregate mean margin"))
@@ -110,11 +110,16 @@ def plot_confusion(m: np.ndarray, path: Path, title: str = "",
 
 
 def plot_groups(groups: dict[str, list[list[dict]]], path: Path, title: str = "") -> None:
-    """One line per group (e.g. an algorithm), mean over its runs, shaded ±1 std."""
+    groups_figure(groups, title).savefig(path, dpi=100)
+
+
+def groups_figure(groups: dict[str, list[list[dict]]], title: str = ""):
+    """One line per group (e.g. an algorithm), mean over its runs, shaded ±1 std; a group has
+    one colour in every panel (drawn or not in the others)."""
     fig, axes = subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.4))
     for ax, (key, label) in zip(axes, curves_of([r for runs in groups.values() for r in runs])):
         drawn = False
-        for name, runs in groups.items():
+        for i, (name, runs) in enumerate(groups.items()):  # one colour a group, every panel
             curves = [series(rows, key) for rows in runs]
             curves = [c for c in curves if len(c[0])]
             if not curves:
@@ -124,8 +129,8 @@ def plot_groups(groups: dict[str, list[list[dict]]], path: Path, title: str = ""
             x = curves[0][0][:n]
             ys = np.stack([c[1][:n] for c in curves])
             mean, std = ys.mean(0), ys.std(0)
-            ax.plot(x, mean, label=name)
-            ax.fill_between(x, mean - std, mean + std, alpha=0.2)
+            ax.plot(x, mean, label=name, color=color(i), ls=dash(i))
+            ax.fill_between(x, mean - std, mean + std, color=color(i), alpha=0.2)
         ax.set_title(label)
         ax.set_xlabel("round")
         if not drawn:
@@ -136,7 +141,7 @@ def plot_groups(groups: dict[str, list[list[dict]]], path: Path, title: str = ""
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    return fig
 
 
 def weights_figure(groups: dict[str, list[list[dict]]], title: str = ""):
