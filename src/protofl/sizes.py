@@ -265,6 +265,7 @@ def run_needs(spec, data, train_data, alg, explain: Callable[[], tuple[str, Any]
         Need("metrics.eval_batch", spec.metrics.eval_batch, eval_rows * (row + scores) * FLOAT,
              "an evaluation batch (inputs and class scores)", device=True),
     ]
+    needs += [Need(k, v, n, what) for k, v, n, what in alg.server_bytes()]
     needs.append(Need("data.root" if spec.data.root else "data.name", where,
                       C * C * CONFUSION_ENTRY,
                       f"the confusion matrix of its {C} classes ({present} of them present "

@@ -321,6 +321,11 @@ class Algorithm:
         spec["num_samples"] = UploadEntry((), count=True, kind="size")
         return spec
 
+    def server_bytes(self) -> list[tuple[str, Any, int, str]]:
+        """What the server rule allocates at once besides the state and the uploads, for the
+        memory guard (``protofl/sizes.py``): ``(config key, value, bytes, what)``; none here."""
+        return []
+
     def client_weights(self, upload: Tensors) -> Weights | None:
         """The weights of the model a client trained, as its upload holds them (FFD and other
         feature analyses); None when uploads hold no weights (personalised methods)."""

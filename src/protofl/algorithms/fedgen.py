@@ -230,6 +230,15 @@ class FedGen(LGFedAvg):
     client_defaults_source = ("HtFLlib (main.py defaults, which its FedGen uses): SGD, "
                               "lr 0.01, batch 10, E = 1")
 
+    def server_bytes(self):
+        """A round's generator draws its labels (and their order) and noise at once."""
+        o = self.opts
+        n = o.server_steps * o.server_batch
+        return [("algo.server_steps", o.server_steps, n * (8 + 8 + 4 * o.noise_dim),
+                 f"the generator's round of {o.server_steps} steps x {o.server_batch} labels "
+                 "(labels, their order and noise; lower algo.server_steps or "
+                 "algo.server_batch)")]
+
     # ---- privacy ----
     def sums_exact(self) -> bool:
         """Whether the server rule is a ratio of sums (the teacher is the mean head)."""
