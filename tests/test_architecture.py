@@ -242,3 +242,15 @@ def test_no_function_is_over_60_lines():
                 if node.end_lineno - node.lineno + 1 > 60:
                     long.append(f"{name}.{node.name}")
     assert long == []
+
+
+def test_the_configs_walk_climbs_back_at_most_six_times():
+    """scripts/config_walk.py: the resolver is visited once per descent (issue 30's target)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    try:
+        import config_walk
+    finally:
+        sys.path.pop(0)
+    walked = config_walk.stops(config_walk.walk())
+    climbs = [(a, b) for (a, _), (b, _) in zip(walked, walked[1:]) if layer_of(b) > layer_of(a)]
+    assert len(climbs) <= 6, climbs

@@ -54,11 +54,11 @@ def resolve_data(data: DataConfig, spec: DatasetSpec | None = None) -> DataConfi
 
 def resolve_model(cfg: Config, spec: DatasetSpec | None = None) -> ModelConfig:
     """The model section naming the model built: ``auto`` is the dataset's paper model, and
-    DeepLab's null sizes are the dataset's, else DeepLab's defaults."""
+    DeepLab's null sizes are the dataset's, else DeepLab's defaults (checked where the model
+    is first built, ``meta_algorithm``)."""
     spec = spec or dataset_spec(cfg.data.name)
     name = cfg.model.name if cfg.model.name != "auto" else spec.model
     model = dataclasses.replace(cfg.model, name=name)
-    check_model_config(model)
     if name == "deeplabv3plus":
         model = dataclasses.replace(model, **{
             k: spec.model_options.get(k, v) for k, v in DEEPLAB_KEYS.items()
@@ -93,9 +93,12 @@ def meta_algorithm(spec: Config, data: FederatedData):
 
 
 def _meta_algorithm(spec: Config, data: FederatedData):
+    plain = not hetero.requested(spec.model)
+    if plain:
+        check_model_config(spec.model)  # before pretrained is dropped: it reads it
     spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, pretrained=None))
     with torch.device("meta"):
-        if hetero.requested(spec.model):
+        if not plain:
             return hetero.make(spec, data)
         model = build_model(spec.model.name, data.input_shape, data.num_classes, spec.model)
         return algorithm_class(spec.algorithm)(spec.algo, model, data.num_classes), spec.model
