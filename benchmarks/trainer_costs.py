@@ -7,10 +7,12 @@ Each figure is the CPU time of one process on one torch thread (``time.process_t
 a loaded machine disturbs it less than wall time), per local step at batch 10: the plain step
 (the sequential trainer, one client), a vmap step of ``n`` clients (the vectorized trainer with
 no plain-step tail) and a compiled step of ``n`` clients (the compiled trainer, after its
-compile), each the median of ``--repeats``. Then it fits, by least squares, the model the
-trainers' choice reads: ``plain = a + arithmetic``, ``vmap(n) = v + n (vc + arithmetic)``,
-``compiled(n) = c + n (cc + arithmetic)``, ``arithmetic = 3 x forward FLOPs x batch / rate``,
-and prints the fitted constants beside the ones in ``costs.CPU``.
+compile), each the median of ``--repeats``; and each compile's wall time (the compiled
+trainer's first round less a compiled round: one stack size). Then it fits, by least
+squares, the model the trainers' choice reads: ``plain = a + arithmetic``,
+``vmap(n) = v + n (vc + arithmetic)``, ``compiled(n) = c + n (cc + arithmetic)``,
+``arithmetic = 3 x forward FLOPs x batch / rate``, and prints the fitted constants beside the
+ones in ``costs.CPU`` (``compile``: the longest compile measured).
 """
 
 from __future__ import annotations
@@ -48,18 +50,23 @@ def workload(name: str, clients: int, steps: int):
     return alg, data
 
 
-def per_step(trainer, alg, data, n: int, steps: int, repeats: int) -> float:
-    """Median CPU seconds per step of ``n`` clients training ``steps`` steps together."""
+def per_step(trainer, alg, data, n: int, steps: int, repeats: int) -> tuple[float, float]:
+    """Median CPU seconds per step of ``n`` clients training ``steps`` steps together, and
+    the wall seconds the first round took beyond a later one's (the compiled trainer: its
+    compile)."""
     setup = LocalSetup(batch_size=BATCH, by_steps=True, lr=0.01)
     glob = alg.broadcast(alg.init_state(alg.model))
     rc = RoundContext(alg, glob, [Job(k, steps) for k in range(n)], data, {}, setup, 1)
+    first = time.perf_counter()
     trainer.train(rc)  # warm-up (and the compile)
-    times = []
+    first = time.perf_counter() - first
+    times, walls = [], []
     for _ in range(repeats):
-        t = time.process_time()
+        t, w = time.process_time(), time.perf_counter()
         trainer.train(rc)
         times.append(time.process_time() - t)
-    return statistics.median(times) / steps
+        walls.append(time.perf_counter() - w)
+    return statistics.median(times) / steps, first - statistics.median(walls)
 
 
 def fit(rows: list[tuple[float, float, float]]) -> np.ndarray:
@@ -76,28 +83,29 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=["mlp", "cnn"])
     args = p.parse_args()
     torch.set_num_threads(1)
-    plain, vmap, comp = [], [], []
+    plain, vmap, comp, compiles = [], [], [], []
     for name in args.models:
         alg, data = workload(name, max(args.sizes), args.steps)
         flops = 3 * costs.forward_flops(alg.model, tuple(data.x_train.shape[1:])) * BATCH
-        t = per_step(SequentialTrainer(), alg, data, 1, args.steps, args.repeats)
+        t, _ = per_step(SequentialTrainer(), alg, data, 1, args.steps, args.repeats)
         plain.append((1, flops, t))
         print(f"[{name}] plain step: {t * 1e6:.0f} us ({flops / 1e6:.2f} MFLOP)", flush=True)
         for n in args.sizes:
-            tv = per_step(VectorizedTrainer(solo_max=0), alg, data, n, args.steps,
-                          args.repeats)
-            tc = per_step(CompiledTrainer(), alg, data, n, args.steps, args.repeats)
+            tv, _ = per_step(VectorizedTrainer(solo_max=0), alg, data, n, args.steps,
+                             args.repeats)
+            tc, compile_s = per_step(CompiledTrainer(), alg, data, n, args.steps, args.repeats)
             vmap.append((n, flops, tv))
             comp.append((n, flops, tc))
+            compiles.append(compile_s)
             print(f"[{name}] {n:2d} clients: vmap step {tv * 1e6:.0f} us, compiled step "
-                  f"{tc * 1e6:.0f} us", flush=True)
+                  f"{tc * 1e6:.0f} us, compile {compile_s:.1f} s", flush=True)
     # the FLOP rate from the plain steps (two models: overhead and rate), then the rest
     (a, rate_inv) = np.linalg.lstsq(np.array([[1.0, f] for _, f, _ in plain]),
                                     np.array([t for *_, t in plain]), rcond=None)[0]
     v, vc, _ = fit(vmap)
     c, cc, _ = fit(comp)
     fitted = {"plain": a, "vmap": v, "vmap_client": vc, "compiled": c, "compiled_client": cc,
-              "rate": 1 / rate_inv if rate_inv > 0 else float("nan")}
+              "rate": 1 / rate_inv if rate_inv > 0 else float("nan"), "compile": max(compiles)}
     for k, val in fitted.items():
         print(f"{k:16s} fitted {val:.3g}  in costs.CPU {costs.CPU[k]:.3g}")
 

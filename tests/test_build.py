@@ -195,3 +195,23 @@ def test_protofl_build_takes_what_protofl_run_takes(tmp_path):
     (tmp_path / "c.json").write_text(json.dumps(raw))
     assert protofl.build(str(tmp_path / "c.json")).spec == fed.spec
     assert protofl.build({"task": "segmentation"}).spec.data.name == "shapes"
+
+
+def test_evaluation_takes_every_core_the_run_may_use():
+    """Training at ``threads``, evaluating between rounds at ``max(threads, workers)`` (the
+    workers' cores are idle then), and the run's count back for the next round."""
+    from protofl.engine.callbacks import Callback
+    from protofl.engine.trainers import usable_cores
+
+    seen: list[tuple[str, int]] = []
+
+    class Threads(Callback):
+        def after_aggregate(self, view, record, results):
+            seen.append(("train", torch.get_num_threads()))
+
+        def on_evaluate(self, view, record):
+            seen.append(("eval", torch.get_num_threads()))
+
+    protofl.run({**TINY, "threads": 1, "workers": 2}, callbacks=[Threads()])
+    wide = min(2, usable_cores())
+    assert seen == [("train", 1), ("eval", wide)] * 2

@@ -51,8 +51,8 @@ class Experiment:
 
     A run uses torch's global generator (some server rules draw from it) in a fork seeded
     from the federation's, so the caller's generator is left as it was; the run's torch
-    thread count and ``deterministic`` settings hold while it runs and are restored
-    afterwards.
+    thread count (``max(threads, workers)`` while it evaluates on the CPU) and
+    ``deterministic`` settings hold while it runs and are restored afterwards.
     """
 
     def __init__(self, cfg: Config | Federation, *, trainer: Trainer | None = None,
@@ -76,6 +76,10 @@ class Experiment:
             self.cfg.precision, self.cfg.rounds), self.alg)
         self.callbacks = (metric_callbacks() if callbacks is None else list(callbacks)) + [
             load_callback(path) for path in self.cfg.callbacks]
+        # evaluation runs between rounds, on every core the run may use (its threads, or its
+        # worker processes' one thread each)
+        self.eval_threads = (max(self.cfg.threads, self.cfg.workers)
+                             if self.device.type == "cpu" else self.cfg.threads)
 
     def client_inputs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.fed.client_inputs(k)
@@ -154,8 +158,12 @@ class Experiment:
         self.round = t
         if self.evaluating(t):
             view = self.view(record)
-            for cb in self.callbacks:
-                cb.on_evaluate(view, record)
+            torch.set_num_threads(self.eval_threads)  # the workers wait: their cores are free
+            try:
+                for cb in self.callbacks:
+                    cb.on_evaluate(view, record)
+            finally:
+                torch.set_num_threads(self.cfg.threads)
             check_loss(record, data.num_classes, c, self.aggregation.noised)
         self.elapsed += time.perf_counter() - start
         record["seconds"] = round(self.elapsed, 4)
