@@ -63,7 +63,7 @@ from protofl.algorithms.base import (
 )
 from protofl.algorithms.lgfedavg import LGFedAvg, head_of
 from protofl.config import option
-from protofl.models.nets import ProtoNet
+from protofl.models.nets import Beside, ProtoNet
 
 KL_FORMS = ("paper", "htfllib")
 SVD_FORMS = ("update", "weights", "off")
@@ -93,22 +93,14 @@ class FedKDOptions:
                                     "(set it to the run's rounds)", ge=1)
 
 
-class FedKDNet(ProtoNet):
-    """A client's mentor (``backbone``: what it is scored with, ``(z, logits)``), the mentee
-    (``mentee``) and the projection ``W_h`` (``project``) of mentee features to the mentor's."""
+class FedKDNet(Beside):
+    """A client's mentor (``backbone``), the mentee (``mentee``) and the projection ``W_h``
+    (``project``) of mentee features to the mentor's."""
 
     def __init__(self, backbone: ProtoNet, mentee: ProtoNet):
-        super().__init__()
-        self.backbone = backbone
+        super().__init__(backbone)
         self.mentee = mentee
         self.project = nn.Linear(mentee.feature_dim, backbone.feature_dim, bias=False)
-        self.feature_dim = backbone.feature_dim
-
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return self.backbone.encode(x)
-
-    def head(self, z: torch.Tensor) -> torch.Tensor:
-        return self.backbone.head(z)
 
     def forward(self, x: torch.Tensor, with_mentee: bool = False):
         """``(z, logits)`` of the mentor; with ``with_mentee`` also ``W_h z_s`` and the mentee's

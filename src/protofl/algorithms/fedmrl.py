@@ -55,7 +55,7 @@ from protofl.algorithms.lgfedavg import LGFedAvg
 from protofl.config import option
 from protofl.errors import ProtoflError
 from protofl.models.families import Projected
-from protofl.models.nets import ProtoNet
+from protofl.models.nets import Beside, ProtoNet
 
 AGGREGATIONS = ("samples", "uniform")
 EVAL_SMALL = ("own", "global")
@@ -78,24 +78,19 @@ class FedMRLOptions:
                                     "HtFLlib)", choices=EVAL_SMALL)
 
 
-class MRLNet(ProtoNet):
+class MRLNet(Beside):
     """A client's local model (``backbone``), the homogeneous small model (``small``) and the
     projector (``proj``); ``encode`` is the fused representation ``R~`` (d2), ``head`` the
     local header, so ``(z, logits)`` is the model a client is scored with."""
 
     def __init__(self, backbone: ProtoNet, small: ProtoNet):
-        super().__init__()
-        self.backbone = backbone
+        super().__init__(backbone)
         self.small = small
         self.sub_dim = small.feature_dim
-        self.feature_dim = backbone.feature_dim
         self.proj = nn.Linear(self.sub_dim + self.feature_dim, self.feature_dim)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(torch.cat([self.small.encode(x), self.backbone.encode(x)], dim=1))
-
-    def head(self, z: torch.Tensor) -> torch.Tensor:
-        return self.backbone.head(z)
 
     def forward(self, x: torch.Tensor, with_global: bool = False):
         """``(R~, fine logits)``, and with ``with_global`` the global header's logits on the

@@ -36,7 +36,7 @@ from torch.func import functional_call
 from protofl.algorithms.base import weighted_mean
 from protofl.algorithms.lgfedavg import LGFedAvg
 from protofl.config import option
-from protofl.models.nets import ProtoNet
+from protofl.models.nets import Beside, ProtoNet
 
 KL_FORMS = ("paper", "htfllib")
 
@@ -53,21 +53,12 @@ class FMLOptions:
                      choices=KL_FORMS)
 
 
-class FMLNet(ProtoNet):
-    """A client's local model (``backbone``: what it is scored with, ``(z, logits)``) and the
-    meme model (``meme``) side by side."""
+class FMLNet(Beside):
+    """A client's local model (``backbone``) and the meme model (``meme``) side by side."""
 
     def __init__(self, backbone: ProtoNet, meme: ProtoNet):
-        super().__init__()
-        self.backbone = backbone
+        super().__init__(backbone)
         self.meme = meme
-        self.feature_dim = backbone.feature_dim
-
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return self.backbone.encode(x)
-
-    def head(self, z: torch.Tensor) -> torch.Tensor:
-        return self.backbone.head(z)
 
     def forward(self, x: torch.Tensor, with_meme: bool = False):
         """``(z, logits)`` of the local model, and with ``with_meme`` the meme's logits."""

@@ -25,6 +25,23 @@ class ProtoNet(nn.Module):
         return z, self.head(z)
 
 
+class Beside(ProtoNet):
+    """A client's own model (``backbone``: what it is scored with, its ``(z, logits)``) with
+    an algorithm's extra modules beside it (fml's meme, fedkd's mentee, fedmrl's small
+    model)."""
+
+    def __init__(self, backbone: ProtoNet):
+        super().__init__()
+        self.backbone = backbone
+        self.feature_dim = backbone.feature_dim
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backbone.encode(x)
+
+    def head(self, z: torch.Tensor) -> torch.Tensor:
+        return self.backbone.head(z)
+
+
 class Mlp(ProtoNet):
     """60 -> 128 -> 256 -> C (the seed's Synthetic model); z is the 256-d hidden layer."""
 
