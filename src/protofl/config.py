@@ -347,9 +347,9 @@ class Config:
                                   "the cost model finds cheapest for that round's work), or "
                                   "one trainer by name (`protofl trainers` lists them)")
     workers: int | None = option(None, "worker processes of the parallel trainer (auto: every "
-                                       "usable core; more are capped to them); on the CPU "
-                                       "also the least torch threads of the evaluation "
-                                       "between rounds", ge=1, auto=True)
+                                       "usable core; more are capped to them); also the "
+                                       "least torch threads of the evaluation between "
+                                       "rounds", ge=1, auto=True)
     device: str = option("auto", "where the model trains and is evaluated (auto: CUDA when "
                                  "present, else the CPU)",
                          choices=("auto", "cpu", "cuda", "cuda:N", "mps"), pattern=DEVICES)

@@ -51,7 +51,7 @@ class Experiment:
 
     A run uses torch's global generator (some server rules draw from it) in a fork seeded
     from the federation's, so the caller's generator is left as it was; the run's torch
-    thread count (``max(threads, workers)`` while it evaluates on the CPU) and
+    thread count (``max(threads, workers)`` while it evaluates) and
     ``deterministic`` settings hold while it runs and are restored afterwards.
     """
 
@@ -77,9 +77,8 @@ class Experiment:
         self.callbacks = (metric_callbacks() if callbacks is None else list(callbacks)) + [
             load_callback(path) for path in self.cfg.callbacks]
         # evaluation runs between rounds, on every core the run may use (its threads, or its
-        # worker processes' one thread each)
-        self.eval_threads = (max(self.cfg.threads, self.cfg.workers)
-                             if self.device.type == "cpu" else self.cfg.threads)
+        # worker processes' one thread each); on any device, for the host's share of it
+        self.eval_threads = max(self.cfg.threads, self.cfg.workers)
 
     def client_inputs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.fed.client_inputs(k)
