@@ -204,3 +204,47 @@ def test_the_compiled_trainer_counts_the_graphs_it_holds():
     t.graphs[GraphKey(0, 1, 0.1)] = None
     assert t.estimate(w) == pytest.approx(costs.compiled_seconds(w, frozenset({1})))
     assert t.estimate(w) < costs.compiled_seconds(w)
+
+
+NEW_TRAINER = '''
+from dataclasses import replace
+
+from protofl.engine.train import SequentialTrainer
+
+
+class Reversed(SequentialTrainer):
+    """The round's clients in reverse order (a trainer from outside protofl's tree)."""
+
+    name = "reversed"
+    description = "the round's clients last to first"
+    rounds = 0
+
+    def estimate(self, work):
+        return 1e-9  # cheaper than any other: auto picks it
+
+    def train(self, rc):
+        type(self).rounds += 1
+        return super().train(replace(rc, jobs=rc.jobs[::-1]))[::-1]
+'''
+
+
+def test_a_new_trainer_is_one_module_and_one_registry_line(tmp_path, monkeypatch):
+    """The door for a trainer: a module anywhere and one line of ``TRAINERS``; then
+    ``trainer: NAME`` trains with it, ``protofl trainers`` lists it and ``auto`` weighs it."""
+    import protofl
+
+    (tmp_path / "my_trainer.py").write_text(NEW_TRAINER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(trainers.TRAINERS, "reversed", "my_trainer:Reversed")
+    tiny = {"rounds": 2, "data": {"name": "digits", "num_clients": 4},
+            "clients": {"per_round": 2}}
+    cls = trainers.trainer_class("reversed")
+    assert trainers.describe()["reversed"] == "the round's clients last to first"
+    ref = protofl.run({**tiny, "trainer": "sequential"})
+    named = protofl.run({**tiny, "trainer": "reversed"})
+    assert cls.rounds == 2
+    auto = protofl.run(tiny)
+    assert auto.summary["trainer_rounds"] == {"reversed": 2}
+    for run in (named, auto):  # the same clients trained on the same broadcast
+        for k, v in ref.state_dict().items():
+            torch.testing.assert_close(run.state_dict()[k], v)
