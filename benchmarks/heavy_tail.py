@@ -23,6 +23,9 @@ and their time is printed.
 - ``auto``: fedmargin as a run trains it (``trainer: auto``: each round the trainer the cost
   model finds cheapest), a whole round each (``Experiment.step``: sampling, local training,
   fedmargin's prototypes and aggregation, evaluation);
+- ``spread`` (``--mnist`` only): ``auto`` with every client on one core, the parallel
+  trainer never leading with the longest client on every core (the plan before the lead,
+  ``ParallelTrainer.lead``);
 - ``sequential``: the same with ``trainer: sequential`` (protofl's reference path);
 - ``loop``: a plain PyTorch loop as research code writes it: per active client a deepcopy of
   the global model, ``torch.optim.SGD``, a shuffled pass of batches per epoch, then a
@@ -56,6 +59,7 @@ from protofl.engine.schedule import assign_work, sample_clients
 from protofl.seeding import SAMPLE, STRAGGLE, np_rng
 
 VARIANTS = ("auto", "sequential", "loop", "floor")
+MNIST_VARIANTS = ("auto", "spread", "sequential", "loop")
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ HEAVY_TAIL = Workload("heavy-tail", "configs/synthetic_fedprox.yaml", ("data.see
 
 def mnist_workload(root: str, algorithm: str) -> Workload:
     return Workload(f"mnist-protocol-real {algorithm}", "configs/mnist.yaml",
-                    (f"data.root={root}", f"algorithm={algorithm}"), VARIANTS[:3])
+                    (f"data.root={root}", f"algorithm={algorithm}"), MNIST_VARIANTS)
 
 
 def config(w: Workload, epochs: int, trainer: str, workers: int | None):
@@ -84,8 +88,12 @@ def config(w: Workload, epochs: int, trainer: str, workers: int | None):
     return config_from_dict(raw)
 
 
-def protofl_rounds(w: Workload, epochs: int, rounds: int, trainer: str, workers: int | None):
+def protofl_rounds(w: Workload, epochs: int, rounds: int, trainer: str, workers: int | None,
+                   lead: bool = True):
     exp = Experiment(config(w, epochs, trainer, workers), callbacks=[])
+    par = getattr(getattr(exp.trainer, "inner", exp.trainer), "trainers", {}).get("parallel")
+    if par is not None and not lead:  # every client on one core (the plan before the lead)
+        par.lead = lambda work: (None, par.spread_seconds(work))
     try:
         for _ in range(rounds):
             start = time.perf_counter()
@@ -164,6 +172,7 @@ def measure(w: Workload, epochs: int, warmup: int, rounds: int, workers: int | N
             ) -> dict[str, list[float]]:
     total = warmup + rounds
     runs = {"auto": protofl_rounds(w, epochs, total, "auto", workers),
+            "spread": protofl_rounds(w, epochs, total, "auto", workers, lead=False),
             "sequential": protofl_rounds(w, epochs, total, "sequential", None),
             "loop": plain_rounds(w, epochs, total, fused=False),
             "floor": plain_rounds(w, epochs, total, fused=True)}

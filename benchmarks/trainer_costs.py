@@ -12,7 +12,10 @@ trainer's first round less a compiled round: one stack size). Then it fits, by l
 squares, the model the trainers' choice reads: ``plain = a + arithmetic``,
 ``vmap(n) = v + n (vc + arithmetic)``, ``compiled(n) = c + n (cc + arithmetic)``,
 ``arithmetic = 3 x forward FLOPs x batch / rate``, and prints the fitted constants beside the
-ones in ``costs.CPU`` (``compile``: the longest compile measured).
+ones in ``costs.CPU`` (``compile``: the longest compile measured). Last, the plain step on
+``--threads`` torch threads (wall time: the threads share it), and the fit of
+``wide = a + (threads - 1) sync + arithmetic / (1 + (threads - 1) gain)`` over the models
+(``thread_sync``, ``thread_gain``; two models at least).
 """
 
 from __future__ import annotations
@@ -50,10 +53,11 @@ def workload(name: str, clients: int, steps: int):
     return alg, data
 
 
-def per_step(trainer, alg, data, n: int, steps: int, repeats: int) -> tuple[float, float]:
-    """Median CPU seconds per step of ``n`` clients training ``steps`` steps together, and
-    the wall seconds the first round took beyond a later one's (the compiled trainer: its
-    compile)."""
+def per_step(trainer, alg, data, n: int, steps: int, repeats: int,
+             clock=time.process_time) -> tuple[float, float]:
+    """Median seconds (``clock``: CPU time) per step of ``n`` clients training ``steps`` steps
+    together, and the wall seconds the first round took beyond a later one's (the compiled
+    trainer: its compile)."""
     setup = LocalSetup(batch_size=BATCH, by_steps=True, lr=0.01)
     glob = alg.broadcast(alg.init_state(alg.model))
     rc = RoundContext(alg, glob, [Job(k, steps) for k in range(n)], data, {}, setup, 1)
@@ -62,9 +66,9 @@ def per_step(trainer, alg, data, n: int, steps: int, repeats: int) -> tuple[floa
     first = time.perf_counter() - first
     times, walls = [], []
     for _ in range(repeats):
-        t, w = time.process_time(), time.perf_counter()
+        t, w = clock(), time.perf_counter()
         trainer.train(rc)
-        times.append(time.process_time() - t)
+        times.append(clock() - t)
         walls.append(time.perf_counter() - w)
     return statistics.median(times) / steps, first - statistics.median(walls)
 
@@ -81,15 +85,22 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--models", nargs="+", default=["mlp", "cnn"])
+    p.add_argument("--threads", type=int, default=2, help="threads of the wide plain step")
     args = p.parse_args()
     torch.set_num_threads(1)
-    plain, vmap, comp, compiles = [], [], [], []
+    plain, vmap, comp, compiles, wide = [], [], [], [], []
     for name in args.models:
         alg, data = workload(name, max(args.sizes), args.steps)
         flops = 3 * costs.forward_flops(alg.model, tuple(data.x_train.shape[1:])) * BATCH
         t, _ = per_step(SequentialTrainer(), alg, data, 1, args.steps, args.repeats)
         plain.append((1, flops, t))
         print(f"[{name}] plain step: {t * 1e6:.0f} us ({flops / 1e6:.2f} MFLOP)", flush=True)
+        torch.set_num_threads(args.threads)
+        tw, _ = per_step(SequentialTrainer(), alg, data, 1, args.steps, args.repeats,
+                         time.perf_counter)
+        torch.set_num_threads(1)
+        wide.append((1, flops, tw))
+        print(f"[{name}] plain step on {args.threads} threads: {tw * 1e6:.0f} us", flush=True)
         for n in args.sizes:
             tv, _ = per_step(VectorizedTrainer(solo_max=0), alg, data, n, args.steps,
                              args.repeats)
@@ -106,6 +117,11 @@ def main() -> None:
     c, cc, _ = fit(comp)
     fitted = {"plain": a, "vmap": v, "vmap_client": vc, "compiled": c, "compiled_client": cc,
               "rate": 1 / rate_inv if rate_inv > 0 else float("nan"), "compile": max(compiles)}
+    if len(wide) > 1 and args.threads > 1:  # wide - a = (threads - 1) sync + F / rate q
+        x = (args.threads - 1, rate_inv)
+        sync, q = np.linalg.lstsq(np.array([[x[0], f * x[1]] for _, f, _ in wide]),
+                                  np.array([t - a for *_, t in wide]), rcond=None)[0]
+        fitted |= {"thread_sync": sync, "thread_gain": (1 / q - 1) / x[0]}
     for k, val in fitted.items():
         print(f"{k:16s} fitted {val:.3g}  in costs.CPU {costs.CPU[k]:.3g}")
 

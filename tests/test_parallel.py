@@ -123,6 +123,35 @@ def test_an_experiment_gives_the_sequential_numbers():
         k: v for k, v in want.items() if k not in drop}
 
 
+def test_a_lead_client_trained_on_every_core_gives_the_sequential_results(monkeypatch):
+    """Where the plan leads with the longest client (threads made to pay here), it trains in
+    the parent on both threads, the others in the workers: the sequential results, each
+    upload through the round's hook once, in job order."""
+    for key, value in (("thread_gain", 100.0), ("thread_sync", 0.0), ("rate", 1e3)):
+        monkeypatch.setitem(parallel.costs.CPU, key, value)
+    data = federation()
+    alg = make_algorithm("fedprox", {"mu": 0.1}, conv_model(), C)
+    setup = LocalSetup(4, False, "sgd", 0.1, 0.9, seed=2)
+    hook = lambda rc, client, up: {**up, "params": {  # noqa: E731
+        n: v + client for n, v in up["params"].items()}}
+    glob = alg.broadcast(alg.init_state(alg.model))
+    rc = RoundContext(alg, glob, JOBS[0], data, {}, setup, 1, hook)
+    want = SequentialTrainer().train(rc)
+    trainer = ParallelTrainer(2, "sequential")
+    led = []
+    wide = trainer.wide
+    monkeypatch.setattr(trainer, "wide", lambda rc: led.append(rc.jobs) or wide(rc))
+    try:
+        got = trainer.train(rc)
+    finally:
+        trainer.close()
+    assert led == [[Job(3, 2)]]  # client 3: 2 epochs of 22 rows, the most steps
+    assert [r.client for r in got] == [0, 2, 3, 4]
+    for a, b in zip(want, got):
+        same(a.upload, b.upload, tol=1e-6)
+        assert a.loss == pytest.approx(b.loss, abs=1e-6)
+
+
 def test_jobs_are_split_by_local_steps():
     data = federation((10, 40, 20, 30, 5))
     groups = split_jobs([Job(k, 1) for k in range(5)], data, 4, False, 2)

@@ -72,6 +72,34 @@ def test_the_cost_model_by_hand():
     assert costs.compiled_seconds(w, frozenset({1})) == pytest.approx(run + k["compile"])
     long = costs.Work((2, 5, 2), 10, 2e5, rounds_left=100)
     assert costs.compiled_seconds(long) == pytest.approx(run + 2 * k["compile"] / 100)
+    # a plain step on 2 threads: the arithmetic at 1 + thread_gain the rate, one sync
+    assert costs.wide_step(w, 2) == pytest.approx(
+        k["plain"] + k["thread_sync"] + arith / (1 + k["thread_gain"]))
+    assert costs.wide_step(w, 1) == pytest.approx(plain)
+
+
+def test_the_longest_client_leads_on_every_core_where_threads_pay():
+    """The parallel trainer's plan, by hand: the LEAF CNN's lone long client of a
+    heavy-tailed round trains first on both cores, the others spread after it; a balanced
+    round, or a model whose step threads do not speed up (the MLP), is spread as before."""
+    k = costs.CPU
+    flops = costs.forward_flops(leaf_cnn((1, 28, 28), 10), (1, 28, 28))
+    w = costs.Work((900, 3500, 355, 340), 10, flops)
+    arith = 3 * flops * 10 / k["rate"]
+    plain, wide = k["plain"] + arith, k["plain"] + k["thread_sync"] + arith / (
+        1 + k["thread_gain"])
+    par = ParallelTrainer(2, "sequential")
+    # spread: [3500] | [900, 355, 340]; led: 3500 on 2 threads, then [900] | [355, 340]
+    assert par.spread_seconds(w) == pytest.approx(3500 * plain + 4 * k["message"])
+    first, seconds = par.lead(w)
+    assert first == 1
+    assert seconds == pytest.approx(3500 * wide + 900 * plain + 3 * k["message"])
+    assert par.estimate(costs.Work(w.steps, 10, flops, rounds_left=10)) == pytest.approx(
+        seconds + 2 * k["fork"] / 10)
+    assert par.lead(costs.Work((500,) * 4, 10, flops)) == (
+        None, pytest.approx(1000 * plain + 4 * k["message"]))
+    mlp = costs.forward_flops(Mlp(60, 10, hidden=(128, 256)), (60,))
+    assert par.lead(costs.Work((3500, 10), 10, mlp))[0] is None
 
 
 def test_jobs_split_longest_first_to_the_least_loaded():

@@ -8,7 +8,9 @@ pays a larger overhead once for its ``n`` clients and a small one per client; a 
 (``engine/compiled.py``) pays the least, after a one-off compile per stack size. The constants
 were measured with ``benchmarks/trainer_costs.py`` on this project's 2-core build machine
 (torch 2.13 CPU, one thread): a fit over the Synthetic MLP (60-128-256-10) and the LEAF CNN at
-batches of 10, 1-16 clients. They decide, never measure: the choice is the same on every
+batches of 10, 1-16 clients; the two ``thread_`` constants from their plain steps on 2
+threads (the LEAF CNN's 1.6x faster, the MLP's a little slower: its ops are too small to
+share). They decide, never measure: the choice is the same on every
 machine for the same config, so a run's numbers are too. A one-off cost (a compile, starting
 worker processes) is spread over the rounds left, so a long run pays it and a short one
 does not.
@@ -39,11 +41,14 @@ CPU = {
     "compile": 40.0,  # one compile (one stack size)
     "fork": 0.3,  # starting one worker process (once a run)
     "message": 2e-3,  # a round's messages to and from workers, per client
+    "thread_gain": 0.65,  # each torch thread past the first adds this much arithmetic rate
+    "thread_sync": 2.5e-5,  # ... and costs this much a step (its share of the sync)
 }
 # on a GPU the arithmetic of these models is nearly free and every launch costs: vmap pays
 # (estimates until measured on a GPU: benchmarks/gpu.sh)
 CUDA = {"plain": 6e-4, "vmap": 1.2e-3, "vmap_client": 2e-6, "compiled": 2e-4,
-        "compiled_client": 1e-6, "rate": 5e12, "compile": 60.0, "fork": 0.3, "message": 2e-3}
+        "compiled_client": 1e-6, "rate": 5e12, "compile": 60.0, "fork": 0.3, "message": 2e-3,
+        "thread_gain": 0.0, "thread_sync": 0.0}
 COMPILED_STEPS = 8  # steps in one compiled graph (engine/compiled.py)
 
 
@@ -120,6 +125,15 @@ def forward_flops(model: torch.nn.Module, shape: tuple[int, ...],
 
 def plain_step(work: Work) -> float:
     return work.constants()["plain"] + work.arithmetic()
+
+
+def wide_step(work: Work, threads: int) -> float:
+    """One client's plain step on ``threads`` torch threads: its arithmetic shared (each
+    thread past the first adds ``thread_gain`` of one), plus each extra thread's sync."""
+    c = work.constants()
+    extra = threads - 1
+    return (c["plain"] + extra * c["thread_sync"]
+            + work.arithmetic() / (1 + extra * c["thread_gain"]))
 
 
 def vmap_step(work: Work, n: int) -> float:

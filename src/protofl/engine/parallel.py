@@ -9,10 +9,14 @@ processes are spawned (macOS, Windows), rows memory-mapped from the cache are op
 their file and rows in memory are moved to shared memory and passed as a handle. Every round,
 each worker trains its share of the jobs (balanced by their rows to process) with an ordinary
 trainer (``inner``: the vectorized one where the model allows, else the sequential one) on one
-torch thread; the broadcast and the results travel as one shared-memory buffer per dtype
-(``pack``). A client's batches, augmentation draws and persistent state are exactly those of
-the sequential path (they are keyed by seed, round and client, never by process), so with the
-sequential inner trainer the results are the sequential trainer's, bit for bit.
+torch thread (except a lead client: where the model's step is faster on several threads and
+one client holds most of the round, :meth:`ParallelTrainer.lead` has that client trained
+first here on every worker's core, the others spread after it); the broadcast and the
+results travel as one shared-memory buffer per dtype (``pack``). A client's batches,
+augmentation draws and persistent state are exactly those of the sequential path (they are
+keyed by seed, round and client, never by process), so with the sequential inner trainer the
+results are the sequential trainer's, bit for bit (a lead client's within the equivalence
+tests' tolerance: its arithmetic is split over threads).
 """
 
 from __future__ import annotations
@@ -38,7 +42,13 @@ from protofl.data import store
 from protofl.data.federated import FederatedData
 from protofl.engine import costs, hetero, trainers
 from protofl.engine.schedule import Job
-from protofl.engine.train import ClientResult, RoundContext, Trainer
+from protofl.engine.train import (
+    ClientResult,
+    RoundContext,
+    SequentialTrainer,
+    Trainer,
+    round_work,
+)
 from protofl.errors import ProtoflError
 from protofl.models.nets import ProtoNet
 
@@ -184,7 +194,8 @@ class ParallelTrainer:
 
     name = "parallel"
     description = ("the round's clients spread over worker processes (CPU), longest first "
-                   "to the least loaded, each worker choosing its own in-process trainer")
+                   "to the least loaded, each worker choosing its own in-process trainer (a "
+                   "long client of a model that pays for threads first, on every core)")
     groups_inside = True  # each worker splits a heterogeneous round by model (engine/hetero.py)
 
     def __init__(self, workers: int, inner: str = "auto", start: str = START,
@@ -203,15 +214,34 @@ class ParallelTrainer:
     def unable(model: ProtoNet, precision: str, device: torch.device) -> str | None:
         return trainers.parallel_reason(model, torch.device(device), 2)
 
-    def estimate(self, work: costs.Work) -> float:
+    def spread_seconds(self, work: costs.Work) -> float:
         """The longest worker's share at its cheapest in-process trainer, plus the round's
-        messages (and the workers' start, spread over the rounds left)."""
+        messages."""
         shares = [tuple(work.steps[i] for i in part)
                   for part in costs.split(list(work.steps), self.workers) if part]
-        longest = max(min(e.estimate(dataclasses.replace(work, steps=share))
-                          for e in self.estimators) for share in shares)
+        longest = max((min(e.estimate(dataclasses.replace(work, steps=share))
+                           for e in self.estimators) for share in shares), default=0.0)
+        return longest + work.constants()["message"] * len(work.steps)
+
+    def lead(self, work: costs.Work) -> tuple[int | None, float]:
+        """The job trained alone on every worker's core before the others are spread (the
+        longest, where the model's step is faster on that many threads and the round
+        cheaper than spreading them all, each by more than ``trainers.CLOSE``; else None),
+        and the round's estimate."""
+        spread = self.spread_seconds(work)
+        if not work.steps or (costs.wide_step(work, self.workers)
+                              >= costs.plain_step(work) * (1 - trainers.CLOSE)):
+            return None, spread
+        i = work.steps.index(max(work.steps))
+        rest = dataclasses.replace(work, steps=work.steps[:i] + work.steps[i + 1:])
+        led = (work.steps[i] * costs.wide_step(work, self.workers)
+               + (self.spread_seconds(rest) if rest.steps else 0.0))
+        return (i, led) if led < spread * (1 - trainers.CLOSE) else (None, spread)
+
+    def estimate(self, work: costs.Work) -> float:
+        """:meth:`lead`'s estimate, plus the workers' start spread over the rounds left."""
         start = 0.0 if self._procs else self.workers * work.constants()["fork"]
-        return longest + work.constants()["message"] * len(work.steps) + start / work.rounds_left
+        return self.lead(work)[1] + start / work.rounds_left
 
     def _start(self, rc: RoundContext) -> None:
         self.close()
@@ -242,6 +272,29 @@ class ParallelTrainer:
         self._procs, self._conns, self._for, self._finalizer = [], [], None, None
 
     def train(self, rc: RoundContext) -> list[ClientResult]:
+        if not rc.jobs:
+            return []
+        first, _ = self.lead(round_work(rc, max(1, self.rounds - rc.round + 1)))
+        if first is None:
+            return self.spread(rc)
+        rest = self.spread(dataclasses.replace(rc, jobs=[j for k, j in enumerate(rc.jobs)
+                                                         if k != first]))
+        led = self.wide(dataclasses.replace(rc, jobs=[rc.jobs[first]]))
+        by_client = {r.client: r for r in rest + led}
+        return [by_client[j.client] for j in rc.jobs if j.client in by_client]
+
+    def wide(self, rc: RoundContext) -> list[ClientResult]:
+        """``rc``'s jobs trained here, one after another, on ``workers`` torch threads (the
+        workers wait meanwhile: their cores are free)."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.workers)
+        try:
+            return hetero.grouped(SequentialTrainer(), rc.alg).train(rc)
+        finally:
+            torch.set_num_threads(threads)
+
+    def spread(self, rc: RoundContext) -> list[ClientResult]:
+        """``rc``'s jobs spread over the workers, each on one thread."""
         if not rc.jobs:
             return []
         if self._for != (id(rc.alg), id(rc.data)):

@@ -12,9 +12,11 @@ model for its estimate of *that round's* work (each active client's steps, the b
 model's FLOPs) and trains the round with the cheapest (estimates within 5% are a tie, won by
 the simplest trainer). A balanced round of many clients goes
 to the vectorized (or compiled) trainer, a heavy-tailed one where one client holds most of
-the steps to the parallel trainer (the long client on one core, the others beside it) or to
-the compiled step. The estimates are a fixed function of the config and the round's jobs,
-never a timing, so a config's trainer choices, and so its numbers, are the same on every run.
+the steps to the parallel trainer (the long client on one core, the others beside it; or,
+where the model's step is faster on several threads, the long client first on every core and
+the others spread after it) or to the compiled step. The estimates are a fixed function of
+the config and the round's jobs, never a timing, so a config's trainer choices, and so its
+numbers, are the same on every run.
 """
 
 from __future__ import annotations
