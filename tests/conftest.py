@@ -17,6 +17,17 @@ def _one_thread():
 
 
 @pytest.fixture
+def no_lead(monkeypatch):
+    """Threads made not to pay, so no client of a round leads on every core (the parallel
+    trainer's lead): every client trains on one thread, and the parallel trainer's numbers
+    are the sequential trainer's bit for bit (a lead client's agree within 1e-6 in float32,
+    its sums split over threads: ``test_parallel``)."""
+    from protofl.engine import costs
+
+    monkeypatch.setitem(costs.CPU, "thread_gain", 0.0)
+
+
+@pytest.fixture
 def kill_after(monkeypatch):
     """``with kill_after(n):`` a run is killed (KeyboardInterrupt) as it starts round n + 1,
     after round n is written; ``Experiment.step`` is itself again after the block."""

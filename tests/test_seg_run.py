@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from protofl.api import resume_experiment, run_experiment
 from protofl.cli import main
 from protofl.config import config_from_dict, merge
-from protofl.engine import costs
 from protofl.engine.experiment import Experiment
 from protofl.engine.parallel import ParallelTrainer
 from protofl.errors import ProtoflError
@@ -192,13 +191,10 @@ def test_loss_is_the_image_mean_of_pixel_cross_entropy():
 
 
 @pytest.mark.parametrize("start", ["fork", "spawn"])
-def test_parallel_trainer_gives_the_sequential_numbers_with_augmentation(start, monkeypatch):
+def test_parallel_trainer_gives_the_sequential_numbers_with_augmentation(start, no_lead):
     """The data-level crop/flip travels to the parallel trainer's workers (pickled with the
     setup) and draws the sequential trainer's batches and crops; spawned workers get the
-    rows' standardisation with the shared rows. Threads are made not to pay, so no client
-    leads on both cores and every client trains on one thread: bit for bit (a lead client
-    is equal within tolerance, ``test_parallel``)."""
-    monkeypatch.setitem(costs.CPU, "thread_gain", 0.0)
+    rows' standardisation with the shared rows (no lead client: bit for bit)."""
     want = tiny(trainer="sequential").run()
     exp = tiny(trainer="parallel", workers=2)
     exp.trainer = ParallelTrainer(2, "sequential", start=start)
