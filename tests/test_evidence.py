@@ -134,3 +134,23 @@ def test_kept_runs_are_not_run_again(tmp_path):
     _, jobs = reproduce_plan("digits", "paper", tmp_path / "out", seeds=(0,),
                              overrides={"threads": 1}, kept=tmp_path / "kept")
     assert len(jobs) == 6  # another budget
+
+
+def test_splits_added_later_are_kept_in_the_claims_order(tmp_path):
+    """Evidence of one split merged with a later run set of the others lists the splits in
+    the claim's order, whichever came first, and writes the same bytes read back."""
+    def entry(splits):
+        curve = {(0, 0): [0.1, 0.2]}
+        return {"budget": "paper", "status": "run", "seeds": [0], "splits": splits,
+                "overrides": {},
+                "runs": {s: {"fedmargin": curve, "fedavg": dict(curve)} for s in splits}}
+
+    write({"shapes": entry(["a0.1"])}, tmp_path / "old")
+    write({"shapes": entry(["a1", "a0.01"])}, tmp_path / "new")
+    merged = merge([tmp_path / "old", tmp_path / "new"])
+    assert merged["shapes"]["splits"] == ["a0.01", "a0.1", "a1"]
+    write(merged, tmp_path / "both")
+    write(merge([tmp_path / "both"]), tmp_path / "again")
+    assert json.loads((tmp_path / "both" / "shapes.json").read_text())["splits"] == [
+        "a0.01", "a0.1", "a1"]
+    assert _bytes(tmp_path / "both") == _bytes(tmp_path / "again")

@@ -102,6 +102,8 @@ def _encode(name: str, entry: Entry) -> dict[str, Any]:
                      for split in _first(value, splits)}
         elif key == "overrides":
             value = _sorted(value or {})
+        elif key == "splits":
+            value = _first(value, splits)
         doc[key] = value
     for key in CURVES:
         if key not in OPTIONAL:
@@ -158,9 +160,9 @@ def load(source: Path) -> dict[str, Entry]:
     return from_folder(source)
 
 
-def _union(old: Entry, new: Entry) -> Entry:
+def _union(old: Entry, new: Entry, splits: list[str]) -> Entry:
     """Two entries of one claim at one budget: their runs together (``new`` wins a run both
-    hold), their seeds and splits together."""
+    hold), their seeds together, their splits together in the order of ``splits``."""
     both = {}
     for key in CURVES:
         both[key] = {split: {v: dict(c) for v, c in variants.items()}
@@ -169,7 +171,7 @@ def _union(old: Entry, new: Entry) -> Entry:
             for v, c in variants.items():
                 both[key].setdefault(split, {}).setdefault(v, {}).update(c)
     return {**new, "seeds": sorted({*old["seeds"], *new["seeds"]}),
-            "splits": list(dict.fromkeys([*old["splits"], *new["splits"]])), **both}
+            "splits": _first({*old["splits"], *new["splits"]}, splits), **both}
 
 
 def merge(sources: list[Path]) -> dict[str, Entry]:
@@ -185,7 +187,7 @@ def merge(sources: list[Path]) -> dict[str, Entry]:
             ran, old_ran = entry["status"] == "run", old is not None and old["status"] == "run"
             if (old_ran and ran and entry["budget"] == old["budget"]
                     and entry["overrides"] == old["overrides"]):
-                best[name] = _union(old, entry)
+                best[name] = _union(old, entry, list(CLAIMS[name].splits))
             elif old is None or (ran and not old_ran) or (ran and entry["budget"] == "paper"):
                 best[name] = entry
     return best
