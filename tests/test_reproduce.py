@@ -320,3 +320,27 @@ def test_the_rerun_command_is_the_record_as_it_ran():
         "protofl suite reproduce --claims shapes --budget short")
     assert rerun_command(CLAIMS["digits"], {"budget": "paper", "seeds": [5, 6]}) == (
         "protofl suite reproduce --claims digits --budget paper --seeds 5,6")
+
+
+def test_amm_correlation_is_per_split_not_pooled_over_splits():
+    """Two splits where AMM rises with mIoU inside each, but the split with the higher AMM
+    has the lower mIoU: pooled, ρ would be negative; per split it is +1 (worked by hand:
+    each split's points lie on a rising line)."""
+    from protofl.reproduce.amm import amm_rows
+
+    def curves(base_amm, base_miou):
+        amm = {"fedmargin": {(s, s): [base_amm + 0.01 * s] for s in range(5)}}
+        runs = {"fedmargin": {(s, s): [base_miou + 0.02 * s] for s in range(5)},
+                "fedavg": {(s, s): [base_miou] for s in range(5)}}
+        return amm, runs
+
+    (a_lo, r_lo), (a_hi, r_hi) = curves(0.9, 0.1), curves(0.5, 0.6)
+    entry = {"budget": "paper", "status": "run", "seeds": list(range(5)),
+             "splits": ["a0.01", "a1"], "overrides": {},
+             "amm": {"a0.01": a_lo, "a1": a_hi}, "runs": {"a0.01": r_lo, "a1": r_hi}}
+    rows = amm_rows({"shapes": entry})
+    assert rows[0] == ("| shapes a0.01 (paper; every run) | 5 | +1.00 [+1.00, +1.00] | 0 | "
+                       "**reproduced** |")
+    assert rows[1].startswith("| shapes a1 (paper; every run) | 5 | +1.00")
+    assert rows[2].startswith("| every paper-budget claim and split (")  # 2 cells: no ρ
+    assert "| 2 | – (fewer than 4 points" in rows[2]

@@ -11,9 +11,10 @@ from protofl.report.claims import verdict
 from protofl.reproduce.claims import CLAIMS, Claim
 
 
-def amm_points(claim: Claim, entry: dict) -> list[tuple[str, float, float]]:
-    """``(variant, final AMM, final metric)`` of every run of a claim that logged the AMM."""
-    return [(v, amm[key][-1], entry["runs"][split][v][key][-1])
+def amm_points(claim: Claim, entry: dict) -> list[tuple[str, str, float, float]]:
+    """``(split, variant, final AMM, final metric)`` of every run of a claim that logged the
+    AMM."""
+    return [(split, v, amm[key][-1], entry["runs"][split][v][key][-1])
             for split, variants in entry.get("amm", {}).items()
             for v, amm in variants.items() for key in sorted(amm)
             if key in entry["runs"].get(split, {}).get(v, {})]
@@ -38,26 +39,30 @@ AMM_HEADER = ["| claim | points | Pearson ρ, final AMM vs final metric [95% int
 
 def amm_rows(records: dict[str, dict]) -> list[str]:
     """The first seed's AMM-accuracy correlation (ρ = 0.68 over its Tables 2 and 4): per
-    claim over its runs, and over the variants' means of every paper-budget claim (its
-    Tables' cells); the claims' verdict rule on rho's interval (above 0, at least 5 points)."""
+    claim and split over its runs (splits are not pooled: their metric levels differ, which
+    would correlate the splits rather than the runs), and over the variants' means of every
+    paper-budget claim and split (its Tables' cells); the claims' verdict rule on rho's
+    interval (above 0, at least 5 points)."""
     rows, cells = [], []
     for claim in CLAIMS.values():
         entry = records.get(claim.name)
         if claim.seed_doc != "first" or entry is None or entry["status"] != "run":
             continue
         points = amm_points(claim, entry)
-        if not points:
-            continue
-        rows.append((f"{claim.name} ({entry['budget']}; every run)",
-                     correlation([p[1] for p in points], [p[2] for p in points])))
-        if entry["budget"] == "paper":
-            for v in dict.fromkeys(p[0] for p in points):
-                mine = [p for p in points if p[0] == v]
-                cells.append((float(np.mean([p[1] for p in mine])),
-                              float(np.mean([p[2] for p in mine]))))
+        for split in dict.fromkeys(p[0] for p in points):
+            mine = [p for p in points if p[0] == split]
+            name = claim.name if len(claim.splits) == 1 else f"{claim.name} {split}"
+            rows.append((f"{name} ({entry['budget']}; every run)",
+                         correlation([p[2] for p in mine], [p[3] for p in mine])))
+            if entry["budget"] == "paper":
+                for v in dict.fromkeys(p[1] for p in mine):
+                    cell = [p for p in mine if p[1] == v]
+                    cells.append((float(np.mean([p[2] for p in cell])),
+                                  float(np.mean([p[3] for p in cell]))))
     if cells:
-        rows.append(("every paper-budget claim (one point a claim and variant: the variants' "
-                     "means)", correlation([c[0] for c in cells], [c[1] for c in cells])))
+        rows.append(("every paper-budget claim and split (one point a claim, split and "
+                     "variant: the variants' means)",
+                     correlation([c[0] for c in cells], [c[1] for c in cells])))
     out = []
     for label, r in rows:
         word = verdict({"rho": r})  # the claims' rule, on the interval of rho
