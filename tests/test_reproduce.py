@@ -84,6 +84,21 @@ def test_first_seed_variants_isolate_sampling_partial_work_and_weighting():
         assert differs == set(c.differs.split(", ")), c
 
 
+def test_variants_picks_one_comparisons_runs_over_every_seed_first(tmp_path, capsys):
+    _, jobs = reproduce_plan("digits", "paper", tmp_path, seeds=(0, 1, 2),
+                             variants=("fedmargin-fedavg-weights",))
+    assert [Path(f).parts[-2:] for _, f in jobs] == [
+        ("fedmargin-fedavg-weights", f"seed{s}") for s in (0, 1, 2)]
+    _, both = reproduce_plan("digits", "paper", tmp_path, seeds=(0,),
+                             variants=("fedmargin-no-toleration", "fedavg"))
+    assert [Path(f).parent.name for _, f in both] == ["fedavg", "fedmargin-no-toleration"]
+    assert main(["suite", "reproduce", "--claims", "digits", "--variants", "fedprox"]) == 2
+    assert ("--variants: claim digits has no variant 'fedprox'; it has fedavg, "
+            in capsys.readouterr().err)
+    assert main(["suite", "main", "--variants", "fedavg"]) == 2
+    assert "--variants" in capsys.readouterr().err
+
+
 def test_absent_data_is_reported_not_run(tmp_path):
     record, jobs = reproduce_plan("mnist,voc,ham10000,digits", "paper", tmp_path)
     for name in ("mnist", "voc", "ham10000"):
@@ -126,7 +141,7 @@ def test_short_budget_end_to_end(tmp_path, capsys):
     assert "<!-- protofl report reproduction: begin" in doc
     assert not (tmp_path / "img").exists() and "reproduction.png" not in doc  # 1 seed: none
     assert main(["suite", "main", "--claims", "digits"]) == 2
-    assert "--claims, --splits, --alternatives and --kept are options of " in (
+    assert "--claims, --splits, --variants, --alternatives and --kept are " in (
         capsys.readouterr().err)
 
 

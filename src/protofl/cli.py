@@ -154,22 +154,26 @@ def cmd_suite(args) -> int:
         from protofl.reproduce import run_reproduce
 
         out = _path(args.out or f"runs/reproduce-{args.budget}")
-        splits = tuple(s.strip() for s in args.splits.split(",") if s.strip()) if (
-            args.splits) else None
         print(run_reproduce(args.claims, args.budget, out, args.jobs, _seeds(args.seeds),
-                            overrides, splits, args.alternatives,
-                            _path(args.kept) if args.kept else None))
+                            overrides, _names(args.splits), args.alternatives,
+                            _path(args.kept) if args.kept else None, _names(args.variants)))
         print(f"verdicts: {out / 'claims.md'}")
         return 0
-    if args.claims or args.splits or args.alternatives or args.kept:
-        raise ProtoflError("--claims, --splits, --alternatives and --kept are options of "
-                           "'protofl suite reproduce'")
+    if args.claims or args.splits or args.variants or args.alternatives or args.kept:
+        raise ProtoflError("--claims, --splits, --variants, --alternatives and --kept are "
+                           "options of 'protofl suite reproduce'")
     name = budget_name(args.name, args.budget)
     out = _path(args.out or f"runs/{name}")
     print(run_suite(name, out, args.jobs, _seeds(args.seeds), overrides))
     print(f"table: {out / 'table.md'}; curves: {out}/table_*.png; report: "
           f"{out / 'report.html'}")
     return 0
+
+
+def _names(text: str | None) -> tuple[str, ...] | None:
+    """``--splits a,b`` or ``--variants a,b`` as names (None or empty: every one)."""
+    names = tuple(s.strip() for s in (text or "").split(",") if s.strip())
+    return names or None
 
 
 def _seeds(text: str | None) -> tuple[int, ...] | None:
@@ -376,6 +380,9 @@ def run_parsers(sub) -> None:
                    "docs/reproduction.md)")
     q.add_argument("--splits", help="reproduce: comma-separated splits of the claims named "
                    "(default: all; e.g. a0.1)")
+    q.add_argument("--variants", help="reproduce: comma-separated variants of the claims "
+                   "named (default: all; e.g. fedmargin-fedavg-weights to finish one "
+                   "comparison before the next)")
     q.add_argument("--alternatives", action="store_true", help="reproduce: instead of the "
                    "claims' variants, fedmargin's reconstructed alternatives and their references "
                    "(the claims that have them; docs/reproduction.md)")

@@ -62,12 +62,27 @@ def pick_splits(claim: Claim, names: tuple[str, ...] | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def pick_variants(claim: Claim, names: tuple[str, ...] | None,
+                  alternatives: bool = False) -> list[str] | None:
+    """The claim's variants named (None: every one); a name it lacks is one error line."""
+    if not names:
+        return None
+    known = claim.alternative_variants() if alternatives else claim.variants
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ProtoflError(f"--variants: claim {claim.name} has no variant {unknown[0]!r}; it "
+                           f"has {', '.join(known)}")
+    return list(dict.fromkeys(names))
+
+
 def claim_jobs(claim: Claim, budget: str, out: Path, seeds: tuple[int, ...],
                overrides: dict[str, Any] | None = None,
                splits: list[str] | None = None,
                alternatives: bool = False,
-               kept: frozenset[tuple] = frozenset()) -> list[tuple[dict, str]]:
-    """Every (raw config, run folder) of one claim at ``budget`` (``splits``: just these),
+               kept: frozenset[tuple] = frozenset(),
+               only: list[str] | None = None) -> list[tuple[dict, str]]:
+    """Every (raw config, run folder) of one claim at ``budget`` (``splits``: just these;
+    ``only``: just these variants),
     two variants at a time over every seed (the first comparison's first), so that a suite
     stopped early leaves whole pairs of seeds for the headline comparison;
     ``alternatives``: instead, the reconstruction's alternatives and their references
@@ -78,7 +93,8 @@ def claim_jobs(claim: Claim, budget: str, out: Path, seeds: tuple[int, ...],
         base = merge(base, {"model": {"pretrained": str(encoder_path(claim, budget, out))}})
     variants = claim.alternative_variants() if alternatives else claim.variants
     first = (claim.comparisons[0].method, claim.comparisons[0].baseline)
-    order = [*first, *(v for v in variants if v not in first)]
+    order = [v for v in [*first, *(v for v in variants if v not in first)]
+             if only is None or v in only]
     jobs = []
     for k in range(0, len(order), 2):
         for seed, split, label in product(seeds, splits or claim.splits, order[k:k + 2]):
@@ -96,10 +112,13 @@ def reproduce_plan(names: str | None, budget: str, out: Path,
                    seeds: tuple[int, ...] | None = None,
                    overrides: dict[str, Any] | None = None,
                    splits: tuple[str, ...] | None = None,
-                   alternatives: bool = False, kept: Path | None = None
+                   alternatives: bool = False, kept: Path | None = None,
+                   variants: tuple[str, ...] | None = None
                    ) -> tuple[dict[str, dict], list[tuple[dict, str]]]:
     """``({claim: {budget, status, seeds, splits}}, jobs)`` for the claims named
-    (``splits``: only these of each claim; ``alternatives``: the reconstruction's
+    (``splits``: only these of each claim; ``variants``: only these variants' runs, the
+    record unchanged, since the evidence says per variant what ran; ``alternatives``: the
+    reconstruction's
     alternatives instead of the claim's variants, on the claims that have them; ``kept``:
     an evidence folder whose runs of the same budget and overrides are not run again)."""
     seeds = tuple(seeds or SEEDS.get(budget, SEEDS["paper"]))
@@ -115,12 +134,14 @@ def reproduce_plan(names: str | None, budget: str, out: Path,
     record, jobs = {}, []
     for claim in claims:
         state, chosen = status(claim, budget, overrides), pick_splits(claim, splits)
+        only = pick_variants(claim, variants, alternatives)
         record[claim.name] = {"budget": budget, "status": state, "seeds": list(seeds),
                               "splits": chosen, "overrides": overrides or {}}
         if state == "run":
             done = (kept_runs(kept, claim.name, budget, overrides, alternatives)
                     if kept is not None else frozenset())
-            jobs += claim_jobs(claim, budget, out, seeds, overrides, chosen, alternatives, done)
+            jobs += claim_jobs(claim, budget, out, seeds, overrides, chosen, alternatives, done,
+                               only)
     return record, jobs
 
 

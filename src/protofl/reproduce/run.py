@@ -24,17 +24,17 @@ def run_reproduce(names: str | None, budget: str, out: Path, jobs: int | None = 
                   seeds: tuple[int, ...] | None = None,
                   overrides: dict[str, Any] | None = None,
                   splits: tuple[str, ...] | None = None, alternatives: bool = False,
-                  kept: Path | None = None) -> str:
-    """Run the claims named at ``budget`` (``splits``: only these; ``alternatives``: the
-    reconstruction's alternatives instead; ``kept``: not the runs this evidence folder
-    holds) and return their verdict tables (Markdown); ``OUT/claims.md`` holds them too,
-    with ``kept``'s runs merged in."""
+                  kept: Path | None = None, variants: tuple[str, ...] | None = None) -> str:
+    """Run the claims named at ``budget`` (``splits``, ``variants``: only these;
+    ``alternatives``: the reconstruction's alternatives instead; ``kept``: not the runs this
+    evidence folder holds) and return their verdict tables (Markdown); ``OUT/claims.md``
+    holds them too, with ``kept``'s runs merged in."""
     from protofl.config import config_from_dict
     from protofl.reproduce.tables import reproduction_markdown
     from protofl.suites import execute
 
     record, work = reproduce_plan(names, budget, out, seeds, overrides, splits, alternatives,
-                                  kept)
+                                  kept, variants)
     for raw, _ in work:
         config_from_dict(raw)  # every config checked before anything runs
     write_record(out, record)  # first: a suite stopped early leaves a readable folder
