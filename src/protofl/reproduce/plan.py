@@ -81,13 +81,12 @@ def claim_jobs(claim: Claim, budget: str, out: Path, seeds: tuple[int, ...],
                alternatives: bool = False,
                kept: frozenset[tuple] = frozenset(),
                only: list[str] | None = None) -> list[tuple[dict, str]]:
-    """Every (raw config, run folder) of one claim at ``budget`` (``splits``: just these;
-    ``only``: just these variants),
-    two variants at a time over every seed (the first comparison's first), so that a suite
-    stopped early leaves whole pairs of seeds for the headline comparison;
-    ``alternatives``: instead, the reconstruction's alternatives and their references
-    (``Claim.alternative_variants``), under ``ALTERNATIVES_DIR``; none of the runs in
-    ``kept`` (``(split, variant, seed, data.seed)``, from ``evidence.kept``)."""
+    """Every (raw config, run folder) of one claim at ``budget`` (``splits``, ``only``: just
+    these splits, variants), two variants at a time over every seed (the first comparison's
+    first), so that a suite stopped early leaves whole pairs of seeds for the headline
+    comparison; ``alternatives``: instead, the reconstruction's alternatives and their
+    references (``Claim.alternative_variants``), under ``ALTERNATIVES_DIR``; none of the
+    runs in ``kept`` (``(split, variant, seed, data.seed)``, from ``evidence.kept``)."""
     base = budget_config(claim, budget)
     if claim.pretrain:
         base = merge(base, {"model": {"pretrained": str(encoder_path(claim, budget, out))}})
@@ -118,9 +117,9 @@ def reproduce_plan(names: str | None, budget: str, out: Path,
     """``({claim: {budget, status, seeds, splits}}, jobs)`` for the claims named
     (``splits``: only these of each claim; ``variants``: only these variants' runs, the
     record unchanged, since the evidence says per variant what ran; ``alternatives``: the
-    reconstruction's
-    alternatives instead of the claim's variants, on the claims that have them; ``kept``:
-    an evidence folder whose runs of the same budget and overrides are not run again)."""
+    reconstruction's alternatives instead of the claim's variants, on the claims that have
+    them; ``kept``: an evidence folder whose runs of the same budget and overrides are not
+    run again)."""
     seeds = tuple(seeds or SEEDS.get(budget, SEEDS["paper"]))
     claims = select(names)
     if alternatives:
