@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from itertools import product
 from pathlib import Path
 from typing import Any
@@ -51,27 +52,17 @@ def encoder_path(claim: Claim, budget: str, out: Path) -> Path:
     return (out / "encoders" / f"{claim.name}-{budget}.pth").resolve()
 
 
-def pick_splits(claim: Claim, names: tuple[str, ...] | None) -> list[str]:
-    """The claim's splits named (None: every one); a name it lacks is one error line."""
-    if not names:
-        return list(claim.splits)
-    unknown = [n for n in names if n not in claim.splits]
-    if unknown:
-        raise ProtoflError(f"--splits: claim {claim.name} has no split {unknown[0]!r}; it has "
-                           f"{', '.join(claim.splits)}")
-    return list(dict.fromkeys(names))
-
-
-def pick_variants(claim: Claim, names: tuple[str, ...] | None,
-                  alternatives: bool = False) -> list[str] | None:
-    """The claim's variants named (None: every one); a name it lacks is one error line."""
+def pick(claim: Claim, option: str, names: tuple[str, ...] | None,
+         known: Iterable[str]) -> list[str] | None:
+    """The names a ``--splits`` or ``--variants`` option picks of a claim's ``known`` ones
+    (None: every one); a name it lacks is one error line."""
     if not names:
         return None
-    known = claim.alternative_variants() if alternatives else claim.variants
+    known = list(known)
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise ProtoflError(f"--variants: claim {claim.name} has no variant {unknown[0]!r}; it "
-                           f"has {', '.join(known)}")
+        raise ProtoflError(f"--{option}: claim {claim.name} has no {option[:-1]} "
+                           f"{unknown[0]!r}; it has {', '.join(known)}")
     return list(dict.fromkeys(names))
 
 
@@ -132,8 +123,10 @@ def reproduce_plan(names: str | None, budget: str, out: Path,
                                                   if c.alternatives))
     record, jobs = {}, []
     for claim in claims:
-        state, chosen = status(claim, budget, overrides), pick_splits(claim, splits)
-        only = pick_variants(claim, variants, alternatives)
+        state = status(claim, budget, overrides)
+        chosen = pick(claim, "splits", splits, claim.splits) or list(claim.splits)
+        only = pick(claim, "variants", variants,
+                    claim.alternative_variants() if alternatives else claim.variants)
         record[claim.name] = {"budget": budget, "status": state, "seeds": list(seeds),
                               "splits": chosen, "overrides": overrides or {}}
         if state == "run":
