@@ -156,6 +156,15 @@ def test_alternatives_jobs(tmp_path):
     assert jobs[2][0]["algo"]["score"] == "dplus" and jobs[2][0]["algorithm"] == "fedmargin"
     assert record["digits"]["status"] == "run"
     record, jobs = reproduce_plan(None, "paper", tmp_path, seeds=(0,), alternatives=True)
-    assert sorted(record) == ["digits", "synthetic-main"]
-    with pytest.raises(ProtoflError, match="claim shapes has no alternatives"):
-        reproduce_plan("shapes", "paper", tmp_path, alternatives=True)
+    assert sorted(record) == ["digits", "shapes", "synthetic-main"]
+    with pytest.raises(ProtoflError, match="claim mnist has no alternatives"):
+        reproduce_plan("mnist", "paper", tmp_path, alternatives=True)
+    # shapes at one split: its references, then the four alternatives that move fedmargin
+    # on digits or Synthetic, each on the encoder pretrained for the claim
+    record, jobs = reproduce_plan("shapes", "paper", tmp_path, seeds=(0,), splits=("a0.1",),
+                                  alternatives=True)
+    assert [j[1].split("/")[-2] for j in jobs] == [
+        "fedmargin", "fedavg", "score=dplus", "combine=product", "clues=lpm", "clues=apm"]
+    assert all("/shapes/a0.1/alternatives/" in f and c["data"]["alpha"] == 0.1
+               and c["model"]["pretrained"] for c, f in jobs)
+    assert jobs[5][0]["algo"]["clues"] == "apm" and record["shapes"]["splits"] == ["a0.1"]
