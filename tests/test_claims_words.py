@@ -133,6 +133,11 @@ def test_sensitivity_rows_and_the_references_drift():
     assert "| **not reproduced**: last 10% -0.096 [-0.110, -0.082], lies below 0;" in rows[1]
     assert rows[2].startswith("| digits | `apm_reference: all` (APM against every class of "
                               "P^{t−1}) | the default's curves on every seed (identical runs) |")
+    # before the FedAvg beside them finishes: no reference row, no verdict against it
+    alone = {k: v for k, v in alternatives["default"].items() if k != "fedavg"}
+    rows = sensitivity_rows(claim, _entry(alternatives={"default": alone}))
+    assert len(rows) == 2 and rows[0].endswith(
+        "lies below 0; n = 5 | – (no FedAvg has finished beside it yet) |")
     d = drift({"digits": entry})
     # fedmargin: 1 of 5 curves equal; fedavg: 5 of 5
     assert (d["curves"], d["identical"]) == (10, 6)

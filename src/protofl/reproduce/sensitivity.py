@@ -35,6 +35,8 @@ def placed_text(res: dict[str, Any]) -> str:
 
 
 def _against(res: dict[str, Any]) -> str:
+    if not res["n"]:
+        return "– (no FedAvg has finished beside it yet)"
     return f"{verdict_text(res)}: {placed_text(res)}; n = {res['n']}"
 
 
