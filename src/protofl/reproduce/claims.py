@@ -218,8 +218,8 @@ SHAPES_SOURCES = (
     "seed's ImageNet-pretrained MobileNetV2",
     "50 clients, 60 rounds of 8 local steps, batch 16, Adam 3e-3, width 0.35: our choice (the "
     "segmentation suite's local work; the seed states no budget)")
-# the alternatives that move fedmargin on digits or Synthetic (the margin, the combination,
-# the clues); the other four change nothing there and cost 8-14 min a shapes run
+# the alternatives of the choices that move fedmargin's last-10% reading on digits or
+# Synthetic (the margin, the combination, the clues); the other four move it on neither
 SHAPES_ALTERNATIVES = ("score=dplus", "combine=product", "clues=lpm", "clues=apm")
 SHAPES_PRETRAIN = {"paper": {"width": 0.35},
                    "short": {"width": 0.25, "size": 16, "images": 120, "steps": 4, "batch": 8}}
