@@ -355,7 +355,7 @@ def test_amm_correlation_is_per_split_not_pooled_over_splits():
              "amm": {"a0.01": a_lo, "a1": a_hi}, "runs": {"a0.01": r_lo, "a1": r_hi}}
     from protofl.reproduce.amm import amm_points, correlation
 
-    pooled = amm_points(CLAIMS["shapes"], entry)
+    pooled = amm_points(entry)
     assert correlation([p[2] for p in pooled], [p[3] for p in pooled])["rho"] < -0.9
     rows = amm_rows({"shapes": entry})
     assert rows[0] == ("| shapes a0.01 (paper; every run) | 5 | +1.00 [+1.00, +1.00] | 0 | "

@@ -8,12 +8,12 @@ import math
 import numpy as np
 
 from protofl.report.claims import verdict
-from protofl.reproduce.claims import CLAIMS, Claim
+from protofl.reproduce.claims import CLAIMS
 
 
-def amm_points(claim: Claim, entry: dict) -> list[tuple[str, str, float, float]]:
-    """``(split, variant, final AMM, final metric)`` of every run of a claim that logged the
-    AMM."""
+def amm_points(entry: dict) -> list[tuple[str, str, float, float]]:
+    """``(split, variant, final AMM, final metric)`` of every run in a claim's evidence that
+    logged the AMM."""
     return [(split, v, amm[key][-1], entry["runs"][split][v][key][-1])
             for split, variants in entry.get("amm", {}).items()
             for v, amm in variants.items() for key in sorted(amm)
@@ -48,7 +48,7 @@ def amm_rows(records: dict[str, dict]) -> list[str]:
         entry = records.get(claim.name)
         if claim.seed_doc != "first" or entry is None or entry["status"] != "run":
             continue
-        points = amm_points(claim, entry)
+        points = amm_points(entry)
         for split in dict.fromkeys(p[0] for p in points):
             mine = [p for p in points if p[0] == split]
             name = claim.name if len(claim.splits) == 1 else f"{claim.name} {split}"
