@@ -164,8 +164,8 @@ def test_alternatives_jobs(tmp_path):
     assert sorted(record) == ["digits", "shapes", "synthetic-main"]
     with pytest.raises(ProtoflError, match="claim mnist has no alternatives"):
         reproduce_plan("mnist", "paper", tmp_path, alternatives=True)
-    # shapes at one split: its references, then the four alternatives that move fedmargin
-    # on digits or Synthetic, each on the encoder pretrained for the claim
+    # shapes at one split: its references, then the alternatives of the three choices that
+    # move fedmargin's last 10% on digits or Synthetic, each on the claim's pretrained encoder
     record, jobs = reproduce_plan("shapes", "paper", tmp_path, seeds=(0,), splits=("a0.1",),
                                   alternatives=True)
     assert [j[1].split("/")[-2] for j in jobs] == [
