@@ -237,6 +237,32 @@ def cmd_datasets(args) -> int:
     return 0
 
 
+def cmd_models(args) -> int:
+    import torch
+
+    from protofl.models.registry import MODELS, build_model
+
+    try:
+        shape = tuple(int(v) for v in args.input.split(","))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise ProtoflError(f"--input {args.input!r} is not a shape; allowed: positive "
+                           "integers separated by commas, e.g. 1,28,28 or 3,32,32")
+    if args.classes < 1:
+        raise ProtoflError(f"--classes {args.classes} is out of range; allowed: >= 1")
+    print(f"{'name':14s} {'parameters':>12s}  (input {args.input}, {args.classes} classes)")
+    for name, (_, text) in MODELS.items():
+        with torch.device("meta"):  # shapes only: no memory, no weights drawn
+            try:
+                model = build_model(name, shape, args.classes)
+                count = f"{sum(p.numel() for p in model.parameters()):,}"
+            except (ProtoflError, RuntimeError):
+                count = "-"  # not built for that input
+        print(f"{name:14s} {count:>12s}  {text}")
+    return 0
+
+
 def cmd_trainers(args) -> int:
     from protofl.engine.trainers import describe
 
@@ -447,6 +473,11 @@ def listing_parsers(sub) -> None:
     q.add_argument("--verbose", dest="details", action="store_true",
                    help="also each algorithm's paper settings of clients.* and its options")
     q.set_defaults(func=cmd_algorithms)
+    q = sub.add_parser("models", help="list the models with their parameter counts")
+    q.add_argument("--input", default="1,28,28", help="the input shape the counts are for "
+                   "(C,H,W; default 1,28,28)")
+    q.add_argument("--classes", type=int, default=10, help="the number of classes (default 10)")
+    q.set_defaults(func=cmd_models)
     for name, func, text in (("datasets", cmd_datasets, "list the datasets"),
                              ("suites", cmd_suites, "list the experiment suites"),
                              ("trainers", cmd_trainers, "list the trainers"),

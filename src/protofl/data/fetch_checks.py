@@ -18,6 +18,25 @@ def mnist(root: Path) -> None:
         find_idx(root, stem)
 
 
+def fashion_mnist(root: Path) -> None:
+    """The four files are the published ones (their uncompressed MD5s; a .gz file of other
+    bytes, as Debian's recompressed ones, passes when its content does)."""
+    import gzip
+    import hashlib
+
+    from protofl.data.mnist import FASHION_PUBLISHED, find_idx
+
+    for stem, (size, md5) in FASHION_PUBLISHED.items():
+        path = find_idx(root, stem, "Fashion-MNIST")
+        raw = path.read_bytes()
+        raw = gzip.decompress(raw) if path.suffix == ".gz" else raw
+        got = hashlib.md5(raw).hexdigest()
+        if (len(raw), got) != (size, md5):
+            raise ProtoflError(f"Fashion-MNIST: {path} is not the published file ({len(raw)} "
+                               f"bytes, MD5 {got} uncompressed; expected {size} bytes, MD5 "
+                               f"{md5})")
+
+
 def voc(root: Path) -> None:
     from protofl.data.voc import read_split, voc_root
 

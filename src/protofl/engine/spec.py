@@ -45,11 +45,13 @@ def fill(section: Any, defaults: dict[str, Any]) -> Any:
 
 
 def resolve_data(data: DataConfig, spec: DatasetSpec | None = None) -> DataConfig:
-    """The data section with the dataset's own partition and augmentation filled in (what
-    ``load_dataset`` reads); ``spec``: the dataset's entry, when the caller has it."""
+    """The data section with the dataset's own partition, augmentation and default root
+    filled in (what ``load_dataset`` reads); ``spec``: the dataset's entry, when the caller
+    has it."""
     spec = spec or dataset_spec(data.name)
     return dataclasses.replace(data, partition=data.partition or spec.partition,
-                               augment=data.augment or spec.augment)
+                               augment=data.augment or spec.augment,
+                               root=data.root or spec.root or data.root)
 
 
 def resolve_model(cfg: Config, spec: DatasetSpec | None = None) -> ModelConfig:

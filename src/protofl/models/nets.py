@@ -60,10 +60,11 @@ class Mlp(ProtoNet):
 
 
 class ConvNet(ProtoNet):
-    """Conv blocks, then a hidden fully connected layer (the feature z), then the head."""
+    """Conv blocks, then hidden fully connected layers (the last one's output is the feature
+    z), then the head."""
 
     def __init__(self, in_shape: tuple[int, ...], num_classes: int, channels: tuple[int, ...],
-                 kernel: int, fc: int | None, pool_then_relu: bool = False,
+                 kernel: int, fc: int | tuple[int, ...] | None, pool_then_relu: bool = False,
                  padding: int | None = None):
         super().__init__()
         blocks, c = [], in_shape[0]
@@ -76,8 +77,13 @@ class ConvNet(ProtoNet):
         self.features = nn.Sequential(*blocks, nn.Flatten())
         with torch.no_grad():
             flat = self.features(torch.zeros(1, *in_shape)).shape[1]
-        self.fc = nn.Sequential(nn.Linear(flat, fc), nn.ReLU()) if fc else nn.Identity()
-        self.feature_dim = fc or flat
+        widths = (fc,) if isinstance(fc, int) else tuple(fc or ())
+        layers, d = [], flat
+        for width in widths:
+            layers += [nn.Linear(d, width), nn.ReLU()]
+            d = width
+        self.fc = nn.Sequential(*layers) if layers else nn.Identity()
+        self.feature_dim = d
         self.classifier = nn.Linear(self.feature_dim, num_classes)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
@@ -87,6 +93,14 @@ class ConvNet(ProtoNet):
 def leaf_cnn(in_shape, num_classes):
     """conv5x5(32) pool, conv5x5(64) pool, fc 256 (MNIST, FEMNIST)."""
     return ConvNet(in_shape, num_classes, (32, 64), 5, 256)
+
+
+def lenet5(in_shape, num_classes):
+    """The LeNet-5-style CNN of FL benchmarks (NIID-Bench's simple CNN, Li et al. 2022):
+    conv5x5(6) ReLU pool, conv5x5(16) ReLU pool, both unpadded, fc 120, fc 84 (the feature z);
+    44,426 parameters on 28x28 grey images with 10 classes, 62,006 on 32x32 RGB."""
+    _two_unpadded_convs("lenet5", in_shape)
+    return ConvNet(in_shape, num_classes, (6, 16), 5, (120, 84), padding=0)
 
 
 def digits_cnn(in_shape, num_classes):
@@ -103,8 +117,14 @@ def fedavg_cnn(in_shape, num_classes):
     """HtFLlib's ``FedAvgCNN`` (McMahan et al.'s CIFAR CNN): conv5x5(32) ReLU pool,
     conv5x5(64) ReLU pool, both unpadded, fc 512 (the feature z); the flattened size follows
     from the input (1600 at 32x32, HtFLlib's ``dim=1600``)."""
+    _two_unpadded_convs("fedavg_cnn", in_shape)
+    return ConvNet(in_shape, num_classes, (32, 64), 5, 512, padding=0)
+
+
+def _two_unpadded_convs(name: str, in_shape) -> None:
+    """One line unless ``in_shape`` is an image (C, H, W) that two unpadded 5x5 convs, each
+    pooled by 2, leave at least one pixel of."""
     side = min(in_shape[1:]) if len(in_shape) == 3 else 0
     if len(in_shape) != 3 or (((side - 4) // 2) - 4) // 2 < 1:
-        raise ProtoflError(f"fedavg_cnn needs image inputs (C, H, W) of at least 14 px (two "
+        raise ProtoflError(f"{name} needs image inputs (C, H, W) of at least 14 px (two "
                            f"unpadded 5x5 convs, each pooled), got shape {tuple(in_shape)}")
-    return ConvNet(in_shape, num_classes, (32, 64), 5, 512, padding=0)

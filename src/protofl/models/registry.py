@@ -17,6 +17,8 @@ MODELS: dict[str, tuple[str, str]] = {
     "celeba_cnn": ("protofl.models.nets:celeba_cnn", "4 x (conv 32, pool, ReLU) (CelebA)"),
     "fedavg_cnn": ("protofl.models.nets:fedavg_cnn",
                    "HtFLlib's FedAvgCNN: conv5x5 32/64 unpadded, fc 512 (CIFAR)"),
+    "lenet5": ("protofl.models.nets:lenet5",
+               "LeNet-5-style CNN of FL benchmarks: conv5x5 6/16 unpadded, fc 120-84"),
     "resnet10": ("protofl.models.resnet:resnet10", "ResNet-10 (HtFLlib's), d = 512"),
     "resnet18": ("protofl.models.resnet:resnet18", "ResNet-18, d = 512 (medical images)"),
     "resnet34": ("protofl.models.resnet:resnet34", "ResNet-34, d = 512"),
