@@ -28,6 +28,9 @@ ALGORITHMS: dict[str, str] = {
     "fml": "protofl.algorithms.fml:FML",
     "fedkd": "protofl.algorithms.fedkd:FedKD",
     "fedmrl": "protofl.algorithms.fedmrl:FedMRL",
+    "fedadam": "protofl.algorithms.fedopt:FedAdam",
+    "fedyogi": "protofl.algorithms.fedopt:FedYogi",
+    "fedadagrad": "protofl.algorithms.fedopt:FedAdagrad",
     "central": "protofl.algorithms.central:Central",
 }
 ALIASES = {"pgfl": "fedmargin"}
