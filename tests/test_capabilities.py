@@ -24,6 +24,8 @@ EXPECTED = {  # the capabilities each method's paper gives it
     "fedgh": {"Sums", "Prototypes", "Personalized"}, "fpl": {"Prototypes"},
     "fml": {"Sums", "Personalized"}, "fedkd": {"Sums", "Personalized"},
     "fedgen": {"Sums", "Personalized"}, "fedmrl": {"Sums", "Personalized"},
+    "scaffold": set(), "fednova": set(),
+    "fedadam": {"Sums"}, "fedyogi": {"Sums"}, "fedadagrad": {"Sums"},
 }
 
 

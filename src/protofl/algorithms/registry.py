@@ -28,6 +28,8 @@ ALGORITHMS: dict[str, str] = {
     "fml": "protofl.algorithms.fml:FML",
     "fedkd": "protofl.algorithms.fedkd:FedKD",
     "fedmrl": "protofl.algorithms.fedmrl:FedMRL",
+    "scaffold": "protofl.algorithms.scaffold:Scaffold",
+    "fednova": "protofl.algorithms.fednova:FedNova",
     "fedadam": "protofl.algorithms.fedopt:FedAdam",
     "fedyogi": "protofl.algorithms.fedopt:FedYogi",
     "fedadagrad": "protofl.algorithms.fedopt:FedAdagrad",
