@@ -10,7 +10,8 @@ from protofl.data.registry import DATASETS
 from protofl.models.registry import MODELS
 
 # these say what data.root holds
-DOCUMENTED = {"mnist", "femnist", "celeba", "ham10000", "matek19", "voc", "voc_macro"}
+DOCUMENTED = {"mnist", "femnist", "celeba", "ham10000", "matek19", "voc", "voc_macro",
+              "fashion_mnist", "fashion_mnist_short"}
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.y*ml"))
 
 

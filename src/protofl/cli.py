@@ -243,7 +243,8 @@ def cmd_datasets(args) -> int:
 
     for name in dataset_names():
         spec = dataset_spec(name)
-        where = "built in" if not spec.needs_files else "needs data.root"
+        where = "built in" if not spec.needs_files else (
+            f"data.root, else {spec.root}" if spec.root else "needs data.root")
         where = "files on the Flower sites" if name == "site" else where
         print(f"{name:10s} {spec.description} [{spec.task}; {where}; model "
               f"{spec.model or 'model.name'}]{plugin_note('dataset', name, DATASETS)}")
@@ -253,7 +254,7 @@ def cmd_datasets(args) -> int:
 def cmd_models(args) -> int:
     import torch
 
-    from protofl.models.registry import MODELS, build_model
+    from protofl.models.registry import MODELS, build_model, model_names
 
     try:
         shape = tuple(int(v) for v in args.input.split(","))
@@ -265,14 +266,15 @@ def cmd_models(args) -> int:
     if args.classes < 1:
         raise ProtoflError(f"--classes {args.classes} is out of range; allowed: >= 1")
     print(f"{'name':14s} {'parameters':>12s}  (input {args.input}, {args.classes} classes)")
-    for name, (_, text) in MODELS.items():
+    for name in model_names():
         with torch.device("meta"):  # shapes only: no memory, no weights drawn
             try:
                 model = build_model(name, shape, args.classes)
                 count = f"{sum(p.numel() for p in model.parameters()):,}"
             except (ProtoflError, RuntimeError):
                 count = "-"  # not built for that input
-        print(f"{name:14s} {count:>12s}  {text}")
+        text = MODELS[name][1] if name in MODELS else ""
+        print(f"{name:14s} {count:>12s}  {text}{plugin_note('model', name, MODELS)}")
     return 0
 
 
