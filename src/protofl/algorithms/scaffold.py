@@ -62,7 +62,8 @@ def server_step(x: Tensors, c: Tensors, locals_: list[Tensors], deltas: list[Ten
 def gradient_at(model: ProtoNet, params: Tensors, buffers: Tensors, x: torch.Tensor,
                 y: torch.Tensor, rows: int = FEATURE_BATCH) -> Tensors:
     """Option I's g_i(x): the gradient at ``params`` of the mean cross-entropy over every row
-    of ``(x, y)``, summed ``rows`` rows at a time."""
+    of ``(x, y)``, summed ``rows`` rows at a time (the client passes its batch size: a
+    training step's memory)."""
     p = {k: v.detach().requires_grad_(True) for k, v in params.items()}
     total = {k: torch.zeros_like(v) for k, v in params.items()}
     with torch.enable_grad():
@@ -121,7 +122,7 @@ class Scaffold(Algorithm):
         x, c = t.broadcast["params"], t.broadcast["c"]
         ci = t.state.get("c") or zeros_like(c)
         if self.opts.variate == "I":
-            new = gradient_at(t.model, x, t.broadcast["buffers"], t.x, t.y)
+            new = gradient_at(t.model, x, t.broadcast["buffers"], t.x, t.y, t.batch_size)
         else:
             norm = client_norm(t)
             new = control_option2(ci, c, x, t.params, norm, t.lr) if norm > 0 else ci
