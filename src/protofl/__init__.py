@@ -7,6 +7,8 @@ The Python API (:mod:`protofl.api`) is importable from here: ``run`` (returns a 
 
 from __future__ import annotations
 
+__version__ = "0.2.0"  # the release; pyproject.toml reads it (CHANGELOG.md names it)
+
 _API = {"run": "protofl.api", "Run": "protofl.api", "run_experiment": "protofl.api",
         "build": "protofl.api", "Federation": "protofl.engine.federation",
         "resolve": "protofl.engine.spec", "RunSpec": "protofl.engine.spec",
