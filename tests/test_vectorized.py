@@ -224,8 +224,8 @@ def test_unstackable_context_falls_back(float64, caplog, monkeypatch):
     from protofl.algorithms.fedavg import FedAvg
 
     class SizedContext(FedAvg):
-        def client_begin(self, model, broadcast, client_state, x, y):
-            return {"ones": torch.ones(len(y))}
+        def client_begin(self, c):
+            return {"ones": torch.ones(len(c.y))}
 
     monkeypatch.setattr(vectorized, "_logged", set())
     data = federation()
