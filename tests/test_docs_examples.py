@@ -60,7 +60,7 @@ def blocks(page: Path) -> list[tuple[str, str]]:
 
 def reader_folder(tmp: Path) -> dict[str, str]:
     """``tmp`` laid out as a reader's folder; the environment its commands run in."""
-    for name in ("configs", "examples", "scripts"):
+    for name in ("configs", "docs", "examples", "scripts"):
         if (REPO / name).exists():
             (tmp / name).symlink_to(REPO / name)
     bin_dir = tmp / ".bin"
