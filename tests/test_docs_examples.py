@@ -14,10 +14,10 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pytest
+import tomllib
 
 import protofl
 
@@ -76,33 +76,56 @@ def reader_folder(tmp: Path) -> dict[str, str]:
     return env
 
 
+def script(page: Path) -> str:
+    """The page's runnable blocks as one bash script, each after a line naming it on stderr
+    (a Python block runs as ``python -`` with the block on its standard input)."""
+    parts = [f'pip() {{ "{sys.executable}" -c "$DOCS_PIP_CHECK" "{REPO}" '
+             f'"{protofl.__version__}" "$@"; }}']
+    for i, (kind, code) in enumerate(blocks(page)):
+        if kind in RUN:
+            parts.append(f"echo '@@ block {i + 1} ({kind})' >&2")
+            parts.append(code if kind == "bash" else f"python - <<'DOCS_PY'\n{code}DOCS_PY")
+    return "\n".join(parts) + "\n"
+
+
+def run_page(page: str, tmp: Path) -> str:
+    """"" when the page's blocks all ran, else what went wrong."""
+    folder = tmp / page.replace("/", "_")
+    folder.mkdir()
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script(DOCS / page)],
+                          cwd=folder, env=reader_folder(folder), capture_output=True,
+                          text=True, timeout=600)
+    if done.returncode == 0:
+        return ""
+    block = re.findall(r"^@@ (.*)$", done.stderr, re.M)
+    return (f"{page}, {block[-1] if block else 'before its first block'}: exit "
+            f"{done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+
+
 def test_the_pages_have_examples_and_only_known_kinds_of_block():
     assert len(pages()) >= 8, pages()
     for page in pages():
         kinds = {kind for kind, _ in blocks(page)}
-        assert kinds <= set(RUN + DATA), (page, kinds - set(RUN + DATA))
-        assert kinds & set(RUN) or page.name == "index.md" or page.name in ELSEWHERE, page
+        name = page.relative_to(DOCS).as_posix()
+        assert kinds <= set(RUN + DATA), (name, kinds - set(RUN + DATA))
+        assert kinds & set(RUN) or page.name == "index.md" or name in ELSEWHERE, name
 
 
-@pytest.mark.parametrize("page", [p.relative_to(DOCS).as_posix() for p in pages()])
-def test_the_page_runs_as_written(page, tmp_path, monkeypatch):
-    if page in ELSEWHERE:
-        pytest.skip(f"run as written by {ELSEWHERE[page]}")
-    env = reader_folder(tmp_path)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", [str(REPO / "src"), *sys.path])
-    preamble = (f'pip() {{ "{sys.executable}" -c "$DOCS_PIP_CHECK" "{REPO}" '
-                f'"{protofl.__version__}" "$@"; }}\n')
-    scope: dict = {"__name__": "__main__"}
-    for i, (kind, code) in enumerate(blocks(DOCS / page)):
-        where = f"{page}, block {i + 1} ({kind})"
-        if kind == "bash":
-            done = subprocess.run(["bash", "-euo", "pipefail", "-c", preamble + code],
-                                  cwd=tmp_path, env=env, capture_output=True, text=True,
-                                  timeout=300)
-            assert done.returncode == 0, f"{where}:\n{code}\n{done.stdout}\n{done.stderr}"
-        elif kind == "python":
-            exec(compile(code, where, "exec"), scope)  # noqa: S102
+def test_every_page_runs_as_written(tmp_path):
+    """Two pages at a time (each in its own folder): the machine's two cores."""
+    names = [p.relative_to(DOCS).as_posix() for p in pages()]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        failures = [f for f in pool.map(lambda n: run_page(n, tmp_path),
+                                        [n for n in names if n not in ELSEWHERE]) if f]
+    assert not failures, "\n\n".join(failures)
+
+
+def test_a_failing_block_is_named(tmp_path, monkeypatch):
+    page = tmp_path / "docs" / "page.md"
+    page.parent.mkdir()
+    page.write_text("```bash\necho fine\n```\n\n```python\nraise SystemExit(3)\n```\n")
+    monkeypatch.setattr(sys.modules[__name__], "DOCS", page.parent)
+    assert run_page("page.md", tmp_path).startswith("page.md, block 2 (python): exit 3")
 
 
 def test_the_pip_check_has_teeth(tmp_path):
