@@ -24,13 +24,13 @@ import protofl
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 SECTIONS = ("getting-started", "how-to")
-ELSEWHERE: dict[str, str] = {}
-RUN, DATA = ("bash", "python"), ("text", "yaml", "toml")
-BLOCK = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.S | re.M)
+ELSEWHERE = {"how-to/flower-sites.md": "tests/test_flower_walkthrough.py"}
+RUN, DATA = ("bash", "python"), ("text", "yaml", "toml", "file")
+BLOCK = re.compile(r"^```(\w*)([^\n]*)\n(.*?)^```\s*$", re.S | re.M)
 
 # `pip ARGS`: checked, not run (a test does not install packages)
 PIP_CHECK = r'''
-import re, sys, tomllib
+import os, re, shutil, subprocess, sys, tempfile, tomllib
 from pathlib import Path
 repo, version, args = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
 extras = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["optional-dependencies"]
@@ -47,6 +47,13 @@ for arg in (a for a in args[1:] if not a.startswith("-")):
             sys.exit(f"pip: {name} is not this release's wheel (protofl {version})")
     elif target != "protofl" and not (repo / target).exists():
         sys.exit(f"pip: {target} is not in the repository")
+    elif target not in (".", "protofl") and (repo / target / "pyproject.toml").is_file():
+        with tempfile.TemporaryDirectory() as tmp:  # built from a copy: the tree stays clean
+            shutil.copytree(repo / target, Path(tmp) / "src", ignore=shutil.ignore_patterns(
+                "__pycache__", "build", "*.egg-info"))
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                            "--no-build-isolation", "--target", os.environ["DOCS_SITE"],
+                            str(Path(tmp) / "src")], check=True)
 '''
 
 
@@ -55,7 +62,9 @@ def pages() -> list[Path]:
 
 
 def blocks(page: Path) -> list[tuple[str, str]]:
-    return BLOCK.findall(page.read_text())
+    """(kind, code) of every fenced block; a block with a title is a file: kind ``file``."""
+    return [("file" if "title=" in info else kind, code)
+            for kind, info, code in BLOCK.findall(page.read_text())]
 
 
 def reader_folder(tmp: Path) -> dict[str, str]:
@@ -69,10 +78,12 @@ def reader_folder(tmp: Path) -> dict[str, str]:
         (bin_dir / name).symlink_to(sys.executable)
     (bin_dir / "protofl").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m protofl.cli "$@"\n')
     (bin_dir / "protofl").chmod(0o755)
+    site = tmp / ".site"  # where `pip install ./examples/plugin` puts it
+    site.mkdir()
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "src"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "src"), str(site),
                                                         os.environ.get("PYTHONPATH")])),
-               MPLBACKEND="Agg", DOCS_PIP_CHECK=PIP_CHECK)
+               MPLBACKEND="Agg", DOCS_PIP_CHECK=PIP_CHECK, DOCS_SITE=str(site))
     return env
 
 
@@ -109,6 +120,8 @@ def test_the_pages_have_examples_and_only_known_kinds_of_block():
         name = page.relative_to(DOCS).as_posix()
         assert kinds <= set(RUN + DATA), (name, kinds - set(RUN + DATA))
         assert kinds & set(RUN) or page.name == "index.md" or name in ELSEWHERE, name
+    for name, test in ELSEWHERE.items():  # the test named reads that page
+        assert Path(name).name in (REPO / test).read_text(), (name, test)
 
 
 def test_every_page_runs_as_written(tmp_path):

@@ -213,12 +213,23 @@ def algorithm_details(name: str) -> list[str]:
     return lines
 
 
-def cmd_algorithms(args) -> int:
-    from protofl.algorithms.registry import ALGORITHMS, ALIASES, algorithm_class
+def plugin_note(kind: str, name: str, builtins: dict) -> str:
+    """`` (plugin: DIST VERSION)`` for an installed plugin's listing line ("" for a built-in)."""
+    from protofl import plugins
 
-    for name in ALGORITHMS:
+    where = plugins.origin(kind, name, builtins)
+    if where is None:
+        return ""
+    return f" (plugin: {where['distribution'] or '?'} {where['version'] or ''})".rstrip()
+
+
+def cmd_algorithms(args) -> int:
+    from protofl.algorithms.registry import ALGORITHMS, ALIASES, algorithm_class, algorithm_names
+
+    for name in algorithm_names():
         cls = algorithm_class(name)
-        print(f"{name:12s} {cls.description} [{', '.join(cls.tasks)}]")
+        print(f"{name:12s} {cls.description} [{', '.join(cls.tasks)}]"
+              f"{plugin_note('algorithm', name, ALGORITHMS)}")
         if args.details:
             for line in algorithm_details(name):
                 print(" " * 13 + line)
@@ -229,12 +240,14 @@ def cmd_algorithms(args) -> int:
 
 
 def cmd_datasets(args) -> int:
-    from protofl.data.registry import DATASETS
+    from protofl.data.registry import DATASETS, dataset_names, dataset_spec
 
-    for name, spec in DATASETS.items():
+    for name in dataset_names():
+        spec = dataset_spec(name)
         where = "built in" if not spec.needs_files else "needs data.root"
         where = "files on the Flower sites" if name == "site" else where
-        print(f"{name:10s} {spec.description} [{spec.task}; {where}; model {spec.model}]")
+        print(f"{name:10s} {spec.description} [{spec.task}; {where}; model "
+              f"{spec.model or 'model.name'}]{plugin_note('dataset', name, DATASETS)}")
     return 0
 
 
@@ -249,14 +262,14 @@ def cmd_trainers(args) -> int:
 def cmd_options(args) -> int:
     from protofl.doctables import options_markdown
 
-    print(options_markdown())
+    print(options_markdown(with_plugins=True))
     return 0
 
 
 def cmd_docs(args) -> int:
     from protofl.doctables import write_docs
 
-    stale = write_docs(Path(args.dir).expanduser(), check=args.check)
+    stale = write_docs(Path(args.dir).expanduser(), check=args.check, with_plugins=args.plugins)
     for path in stale:
         print(f"{path}: {'stale' if args.check else 'regenerated'}")
     return 1 if stale and args.check else 0
@@ -458,6 +471,8 @@ def listing_parsers(sub) -> None:
     q.add_argument("--dir", default="docs", help="the docs folder (default: docs)")
     q.add_argument("--check", action="store_true", help="only say which files are stale "
                    "(exit 1 if any)")
+    q.add_argument("--plugins", action="store_true", help="also the installed plugins' "
+                   "algorithms (protofl's own docs list the built-ins only)")
     q.set_defaults(func=cmd_docs)
 
     q = sub.add_parser("stats", help="partition statistics of a dataset (the seed's Fig. S1)")
