@@ -74,10 +74,9 @@ def reader_folder(tmp: Path) -> dict[str, str]:
             (tmp / name).symlink_to(REPO / name)
     bin_dir = tmp / ".bin"
     bin_dir.mkdir()
-    for name in ("python", "python3"):
-        (bin_dir / name).symlink_to(sys.executable)
-    (bin_dir / "protofl").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m protofl.cli "$@"\n')
-    (bin_dir / "protofl").chmod(0o755)
+    for name, args in (("python", ""), ("python3", ""), ("protofl", " -m protofl.cli")):
+        (bin_dir / name).write_text(f'#!/bin/sh\nexec "{sys.executable}"{args} "$@"\n')
+        (bin_dir / name).chmod(0o755)  # a script, not a link: a venv's python stays in it
     site = tmp / ".site"  # where `pip install ./examples/plugin` puts it
     site.mkdir()
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
