@@ -28,6 +28,8 @@ def main(source: Path, work: Path) -> None:
     skipped = []
     for rel in wanted:
         name = ".".join(("protofl", *rel.with_suffix("").parts)).removesuffix(".__init__")
+        if name.endswith("__main__"):  # importing it runs the command line
+            continue
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as e:  # an optional extra (flwr, mlflow, ...) not installed
