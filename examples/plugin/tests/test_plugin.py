@@ -80,3 +80,12 @@ def test_it_trains_on_the_parallel_trainer(tmp_path, trainer):
                    "digits", "--rounds", "2", "--set", f"trainer={trainer}", "--set",
                    "workers=2", "--out", str(tmp_path / "r"))
     assert done.returncode == 0, done.stderr
+
+
+def test_a_suite_compares_it_with_the_baselines(tmp_path):
+    done = protofl("suite", "main", "--with", "fedavgm", "--seeds", "0", "--rounds", "1",
+                   "--set", "clients.local_steps=2", "--jobs", "2", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    table = (tmp_path / "table.md").read_text()
+    assert "fedavgm" in table and "fedmargin" in table
+    assert (tmp_path / "digits-noniid" / "fedavgm" / "seed0" / "summary.json").exists()
