@@ -1,7 +1,7 @@
 """Plugins: what a config names by a built-in name, an installed entry point or an import path.
 
-Wherever protofl takes the name of an algorithm, model, dataset, partition scheme, trainer,
-privacy layer or callback, it also takes
+Wherever protofl takes the name of an algorithm, model, dataset, partition scheme, trainer or
+callback (a metric), it also takes
 
 - ``package.module:Name``, an import path (Lightning's ``class_path``, Flower's components);
 - a name that an installed distribution declares in the entry-point group of that kind
@@ -32,8 +32,7 @@ from protofl.errors import ProtoflError
 # are not modules)
 GROUPS = {kind: "protofl." + group for kind, group in (
     ("algorithm", "algorithms"), ("model", "models"), ("dataset", "datasets"),
-    ("partition", "partitions"), ("trainer", "trainers"), ("privacy", "privacy"),
-    ("callback", "callbacks"))}
+    ("partition", "partitions"), ("trainer", "trainers"), ("callback", "callbacks"))}
 
 _registered: dict[str, Any] = {}  # import path -> an object handed over from Python
 

@@ -17,7 +17,9 @@ from protofl_example.models import residual_mlp
 
 
 def test_fedavgm_keeps_the_contract():
-    check_algorithm("fedavgm")  # trainers, resume, privacy, memory guard, Flower, ...
+    """Trainers, options, uploads, resume, privacy, memory guard and Flower, the run-level
+    checks on this package's own dataset and model."""
+    check_algorithm("fedavgm", config={"data": {"name": "wine", "num_clients": 4}})
 
 
 def test_the_model_dataset_and_partition_keep_the_contract():
