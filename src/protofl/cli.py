@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import protofl
 from protofl.config import TASKS
 from protofl.errors import ProtoflError
 
@@ -150,6 +151,9 @@ def cmd_suite(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ProtoflError(f"--jobs {args.jobs}: give at least 1 (or leave it out: one per "
                            "CPU core)")
+    if args.added and args.name == "reproduce":
+        raise ProtoflError("--with adds rows to a suite's table; 'protofl suite reproduce' "
+                           "runs the seeds' claims as registered")
     if args.name == "reproduce":  # the seeds' claims (protofl.reproduce)
         from protofl.reproduce import run_reproduce
 
@@ -164,7 +168,8 @@ def cmd_suite(args) -> int:
                            "options of 'protofl suite reproduce'")
     name = budget_name(args.name, args.budget)
     out = _path(args.out or f"runs/{name}")
-    print(run_suite(name, out, args.jobs, _seeds(args.seeds), overrides))
+    print(run_suite(name, out, args.jobs, _seeds(args.seeds), overrides,
+                    _names(args.added) or ()))
     print(f"table: {out / 'table.md'}; curves: {out}/table_*.png; report: "
           f"{out / 'report.html'}")
     return 0
@@ -416,6 +421,9 @@ def run_parsers(sub) -> None:
     q.add_argument("--seeds", help="comma-separated seeds (default: the suite's)")
     q.add_argument("--rounds", type=int, help="override every run's rounds")
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override every run")
+    q.add_argument("--with", dest="added", metavar="ALGORITHMS", help="comma-separated "
+                   "algorithms (names, installed plugins or module:Class) run as rows of their "
+                   "own beside the suite's, with its settings and seeds")
     q.add_argument("--device", help="every run's device (auto, cpu, cuda, cuda:N or mps)")
     q.add_argument("--claims", help="reproduce: comma-separated claims (default: all; see "
                    "docs/reproduction.md)")
@@ -531,6 +539,7 @@ def listing_parsers(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="protofl", description="Prototype-guided federated learning. " + NAMES_NOTE)
     p.add_argument("-v", "--verbose", action="store_true", help="log more")
+    p.add_argument("--version", action="version", version=f"protofl {protofl.__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run_parsers(sub)
     report_parsers(sub)

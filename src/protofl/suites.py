@@ -11,6 +11,7 @@ FFD metric, which every other run then logs (``mmd``; the table's FFD against fe
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -201,14 +202,21 @@ def seeded(raw: dict[str, Any], seed: int, overrides: dict[str, Any] | None) -> 
 
 
 def plan(name: str, out: Path, seeds: tuple[int, ...] | None = None,
-         overrides: dict[str, Any] | None = None) -> list[tuple[dict, str]]:
-    """Every (resolved raw config, run folder) of a suite."""
+         overrides: dict[str, Any] | None = None, added: tuple[str, ...] = ()
+         ) -> list[tuple[dict, str]]:
+    """Every (resolved raw config, run folder) of a suite; ``added``: algorithms (names,
+    entry points or import paths) run as rows of their own beside the suite's."""
     from protofl.errors import ProtoflError
 
     if name not in SUITES:
         raise ProtoflError(f"unknown suite {name!r}; allowed: {', '.join(SUITES)}")
     suite = SUITES[name]
     runs, skip = suite.run_table(), not_run(name, overrides)
+    for algorithm in added:
+        label = re.sub(r"[^\w.-]", "_", algorithm)
+        if label in runs:
+            raise ProtoflError(f"--with {algorithm}: suite {name} already has a row {label!r}")
+        runs = {**runs, label: {"algorithm": algorithm}}
     jobs = []
     for ds, base in suite.datasets.items():
         if ds in skip:
@@ -293,16 +301,16 @@ def execute(work: list[tuple[dict, str]], jobs: int | None, desc: str) -> None:
 
 
 def run_suite(name: str, out: Path, jobs: int | None = None, seeds: tuple[int, ...] | None = None,
-              overrides: dict[str, Any] | None = None) -> str:
+              overrides: dict[str, Any] | None = None, added: tuple[str, ...] = ()) -> str:
     """Run a suite (in ``jobs`` processes) and write ``OUT/table.md``, the curves and
-    ``OUT/report.html``."""
+    ``OUT/report.html``; ``added``: algorithms run as rows of their own (:func:`plan`)."""
     from protofl.config import config_from_dict
     from protofl.errors import ProtoflError
     from protofl.report.compare import compare
     from protofl.report.html import write_html
     from protofl.report.sections import sections
 
-    work = plan(name, out, seeds, overrides)
+    work = plan(name, out, seeds, overrides, added)
     for raw, _ in work:
         config_from_dict(raw)  # every config checked before anything runs
     skipped = not_run(name, overrides)

@@ -145,9 +145,11 @@ def _toy_algorithm(name: str, options: dict, data: FederatedData) -> Algorithm:
     return make_algorithm(name, options, Mlp(5, C, hidden=(8, 6)), C, info(data))
 
 
-def _rounds(trainer: Any, alg: Algorithm, data: FederatedData, setup: LocalSetup,
+def _rounds(trainer: Any, name: str, options: dict, data: FederatedData, setup: LocalSetup,
             rounds: int = 2) -> list[list[ClientResult]]:
-    """The results of ``rounds`` consecutive rounds, client states carried between them."""
+    """The results of ``rounds`` consecutive rounds of a newly built algorithm (its own run),
+    client states carried between them."""
+    alg = _toy_algorithm(name, options, data)
     state, client_states, out = alg.init_state(alg.model), {}, []
     for rnd in range(1, rounds + 1):
         res = trainer.train(RoundContext(alg, alg.broadcast(state), TOY_JOBS, data,
@@ -215,7 +217,8 @@ def bad_value(hint: Any, rule: Rule) -> Any:
 
 
 def check_algorithm(algorithm: str | type, options: dict[str, Any] | None = None, *,
-                    tolerance: float = 1e-9, flower: bool = True) -> Report:
+                    config: dict[str, Any] | None = None, tolerance: float = 1e-9,
+                    flower: bool = True) -> Report:
     """Check that an algorithm (a name, an import path or the class) keeps protofl's
     contract, as every built-in does; raises :class:`ConformanceError` naming each property
     that broke, else returns the :class:`Report`. The properties:
@@ -235,8 +238,12 @@ def check_algorithm(algorithm: str | type, options: dict[str, Any] | None = None
     - ``cuda``: CPU and CUDA agree within 1e-4 (skipped without a GPU);
     - ``flower``: a Flower simulation of 2 rounds ends in the in-process engine's state
       (skipped without ``flwr``, or when ``flower`` is False).
+
+    The run-level checks (resume, privacy, memory, flower) run a few rounds on digits with
+    4 clients; ``config`` changes that run (e.g. ``{"data": {"name": "mydata"}}``).
     """
     name, options = _name(algorithm), dict(options or {})
+    run = merge(TINY_RUN, config or {})
     report = Report(f"algorithm {name!r}")
     report.run("contract", lambda: _contract(name))
     if report.failed:  # nothing else can be built
@@ -244,11 +251,11 @@ def check_algorithm(algorithm: str | type, options: dict[str, Any] | None = None
     report.run("options", lambda: _options(name, options))
     report.run("uploads", lambda: _uploads(name, options))
     report.run("trainers", lambda: _trainers(name, options, tolerance))
-    report.run("resume", lambda: _resume(name, options))
-    report.run("privacy", lambda: _privacy(name, options))
-    report.run("memory", lambda: _memory(name, options))
+    report.run("resume", lambda: _resume(name, options, run))
+    report.run("privacy", lambda: _privacy(name, options, run))
+    report.run("memory", lambda: _memory(name, options, run))
     report.run("cuda", lambda: _cuda(name, options))
-    report.run("flower", lambda: _flower(name, options) if flower else "flower=False")
+    report.run("flower", lambda: _flower(name, options, run) if flower else "flower=False")
     return report.raise_failures()
 
 
@@ -292,7 +299,8 @@ def _uploads(name: str, options: dict) -> str | None:
     alg = _toy_algorithm(name, options, data)
     if "classification" not in alg.tasks:
         return "written for segmentation only"
-    for results in _rounds(SequentialTrainer(), alg, data, TOY_SETUPS["adam, local epochs"]):
+    for results in _rounds(SequentialTrainer(), name, options, data,
+                           TOY_SETUPS["adam, local epochs"]):
         for r in results:
             validate_upload(r.upload, alg.upload_spec())
             flat, spec = flatten(r.upload), alg.upload_spec()
@@ -321,11 +329,13 @@ def _trainers(name: str, options: dict, tolerance: float) -> str | None:
         reason = vectorized.vectorize_reason(alg.model)
         _need(reason is None, f"vectorized: {reason}")
         for label, setup in TOY_SETUPS.items():
-            want = _rounds(SequentialTrainer(), alg, data, setup)
+            want = _rounds(SequentialTrainer(), name, options, data, setup)
             sequential = vectorized.SequentialTrainer
             vectorized.SequentialTrainer = None  # falling back to the sequential loop fails
-            try:
-                got = _rounds(VectorizedTrainer(), alg, data, setup)
+            try:  # solo_max 2: the plain step for the last two clients of a step
+                for solo in (0, 2):
+                    got = _rounds(VectorizedTrainer(None, solo), name, options, data, setup)
+                    _same_results(want, got, tolerance, f"vectorized ({label})")
             except TypeError as e:
                 if "NoneType" not in str(e):
                     raise
@@ -334,28 +344,27 @@ def _trainers(name: str, options: dict, tolerance: float) -> str | None:
                                        "stacked over clients)") from None
             finally:
                 vectorized.SequentialTrainer = sequential
-            _same_results(want, got, tolerance, f"vectorized ({label})")
         setup = TOY_SETUPS["adam, local epochs"]
-        want = _rounds(SequentialTrainer(), alg, data, setup)
+        want = _rounds(SequentialTrainer(), name, options, data, setup)
         trainer = ParallelTrainer(2, "sequential")
         try:
-            got = _rounds(trainer, alg, data, setup)
+            got = _rounds(trainer, name, options, data, setup)
         finally:
             trainer.close()
         _same_results(want, got, 0.0, "parallel")
     return None
 
 
-def _tiny_config(name: str, options: dict, **over: Any) -> dict[str, Any]:
-    return merge({**TINY_RUN, "algorithm": name, "algo": options}, over)
+def _tiny_config(name: str, options: dict, run: dict, **over: Any) -> dict[str, Any]:
+    return merge({**run, "algorithm": name, "algo": options}, over)
 
 
-def _resume(name: str, options: dict) -> str | None:
+def _resume(name: str, options: dict, run: dict) -> str | None:
     from protofl.api import resume_experiment, run_experiment
     from protofl.engine import runfolder
     from protofl.engine.experiment import Experiment
 
-    cfg = config_from_dict(_tiny_config(name, options))
+    cfg = config_from_dict(_tiny_config(name, options, run))
     with tempfile.TemporaryDirectory(prefix="protofl-conformance-") as tmp:
         whole, killed = Path(tmp) / "whole", Path(tmp) / "killed"
         run_experiment(cfg, whole)
@@ -388,11 +397,11 @@ def _resume(name: str, options: dict) -> str | None:
     return None
 
 
-def _privacy(name: str, options: dict) -> str | None:
+def _privacy(name: str, options: dict, run: dict) -> str | None:
     from protofl.api import run_experiment
 
     for privacy in ({"noise_multiplier": 1.0, "reproducible_noise": True}, {"secagg": True}):
-        cfg = config_from_dict(_tiny_config(name, options, rounds=1, privacy=privacy))
+        cfg = config_from_dict(_tiny_config(name, options, run, rounds=1, privacy=privacy))
         try:
             run_experiment(cfg)
         except ProtoflError as e:
@@ -400,12 +409,12 @@ def _privacy(name: str, options: dict) -> str | None:
     return None
 
 
-def _memory(name: str, options: dict) -> str | None:
+def _memory(name: str, options: dict, run: dict) -> str | None:
     from protofl import sizes
     from protofl.data.registry import load_dataset
     from protofl.engine.spec import meta_algorithm, resolve, resolve_data
 
-    cfg = config_from_dict(_tiny_config(name, options))
+    cfg = config_from_dict(_tiny_config(name, options, run))
     data = load_dataset(resolve_data(cfg.data), lean=True)
     spec = resolve(cfg, data)
     alg, _ = meta_algorithm(spec, data)
@@ -420,15 +429,15 @@ def _cuda(name: str, options: dict) -> str | None:
     if not torch.cuda.is_available():
         return "no CUDA device"
     data = toy_federation()
-    alg = _toy_algorithm(name, options, data)
     setup = TOY_SETUPS["adam, local epochs"]
-    want = _rounds(SequentialTrainer(), alg, data, setup)
-    got = _rounds(SequentialTrainer(), alg, data, dataclasses.replace(setup, device="cuda"))
+    want = _rounds(SequentialTrainer(), name, options, data, setup)
+    got = _rounds(SequentialTrainer(), name, options, data,
+                  dataclasses.replace(setup, device="cuda"))
     _same_results(want, got, 1e-4, "cuda")
     return None
 
 
-def _flower(name: str, options: dict) -> str | None:
+def _flower(name: str, options: dict, run: dict) -> str | None:
     try:
         from flwr.simulation import run_simulation
     except ImportError:
@@ -437,11 +446,12 @@ def _flower(name: str, options: dict) -> str | None:
     from protofl.flower.client_app import app as client
     from protofl.flower.server_app import make_server_app
 
-    cfg = config_from_dict(_tiny_config(name, options, rounds=2, clients={
-        "per_round": 4, "local_steps": 2, "batch_size": 16}))
+    clients = config_from_dict(_tiny_config(name, options, run)).data.num_clients or 4
+    cfg = config_from_dict(_tiny_config(name, options, run, rounds=2, clients={
+        "per_round": clients}))
     done: list[Experiment] = []
     server = make_server_app(cfg, on_finish=done.append)
-    run_simulation(server, client, num_supernodes=4,
+    run_simulation(server, client, num_supernodes=clients,
                    backend_config={"client_resources": {"num_cpus": 1},
                                    "init_args": {"num_cpus": 1, "include_dashboard": False}})
     _need(bool(done), "the Flower simulation did not finish (see Flower's log above)")

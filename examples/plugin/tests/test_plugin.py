@@ -17,7 +17,9 @@ from protofl_example.models import residual_mlp
 
 
 def test_fedavgm_keeps_the_contract():
-    check_algorithm("fedavgm")  # trainers, resume, privacy, memory guard, Flower, ...
+    """Trainers, options, uploads, resume, privacy, memory guard and Flower, the run-level
+    checks on this package's own dataset and model."""
+    check_algorithm("fedavgm", config={"data": {"name": "wine", "num_clients": 4}})
 
 
 def test_the_model_dataset_and_partition_keep_the_contract():
@@ -80,3 +82,12 @@ def test_it_trains_on_the_parallel_trainer(tmp_path, trainer):
                    "digits", "--rounds", "2", "--set", f"trainer={trainer}", "--set",
                    "workers=2", "--out", str(tmp_path / "r"))
     assert done.returncode == 0, done.stderr
+
+
+def test_a_suite_compares_it_with_the_baselines(tmp_path):
+    done = protofl("suite", "main", "--with", "fedavgm", "--seeds", "0", "--rounds", "1",
+                   "--set", "clients.local_steps=2", "--jobs", "2", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    table = (tmp_path / "table.md").read_text()
+    assert "fedavgm" in table and "fedmargin" in table
+    assert (tmp_path / "digits-noniid" / "fedavgm" / "seed0" / "summary.json").exists()
