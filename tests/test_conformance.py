@@ -43,7 +43,7 @@ def test_every_algorithm_keeps_the_contract(case):
 
 @pytest.mark.parametrize("model,shape", [("mlp", (60,)), ("digits_cnn", (1, 8, 8)),
                                          ("leaf_cnn", (1, 28, 28)),
-                                         ("fedavg_cnn", (3, 32, 32))])
+                                         ("fedavg_cnn", (3, 32, 32)), ("lenet5", (1, 28, 28))])
 def test_small_models_keep_the_contract(model, shape):
     assert "vectorized" in check_model(model, shape).passed
 
