@@ -62,16 +62,17 @@ def cmd_run(args) -> int:
     from protofl.report.runs import summary_line
 
     if args.resume:
-        given = [flag for flag in ("config", "algorithm", "dataset", "task", "seed", "set",
+        given = [flag for flag in ("config", "algorithm", "dataset", "task", "seed",
                                    "out", "overwrite", "log", "log_dir")
                  if getattr(args, flag) is not None and getattr(args, flag) is not False]
         if given:
             raise ProtoflError(f"--resume continues a run as it was configured; only --rounds "
-                               f"(its new total) and --device may be given, not "
+                               f"(its new total), --device and --set (a change from here on, "
+                               f"recorded in the run's history) may be given, not "
                                f"--{given[0].replace('_', '-')}")
         out = _path(args.resume)
         summary = resume_experiment(out, args.rounds, progress=not args.quiet,
-                                    device=args.device)
+                                    device=args.device, settings=args.set or ())
     else:
         cfg = _config(args)
         out = _path(args.out) if args.out else Path("runs") / (
@@ -93,6 +94,14 @@ def _run_folders(paths: list[str]) -> list[Path]:
     if not found:
         raise ProtoflError("no finished run folder (with summary.json) under " + " ".join(paths))
     return found
+
+
+def cmd_verify(args) -> int:
+    from protofl.engine.runfolder import verify_folders
+
+    lines, code = verify_folders([_path(d) for d in args.dirs])
+    print("\n".join(lines))
+    return code
 
 
 def cmd_compare(args) -> int:
@@ -358,7 +367,8 @@ def run_parsers(sub) -> None:
     config_args(q)
     q.add_argument("--resume", metavar="DIR", help="continue a killed run from its checkpoint "
                    "(with --rounds N: its new total, more to extend it, fewer to end it sooner "
-                   "but never below the checkpoint's round)")
+                   "but never below the checkpoint's round; --set KEY=VALUE: a setting changed "
+                   "from the checkpoint on, recorded in the run's history)")
     q.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
     q.add_argument("--log", action="append", choices=("tensorboard", "mlflow"),
                    help="also log to TensorBoard (<run>/tensorboard) or MLflow (repeatable; "
@@ -403,6 +413,12 @@ def report_parsers(sub) -> None:
                    "(never inside a run folder)")
     q.add_argument("--overwrite", action="store_true", help="replace existing output files")
     q.set_defaults(func=cmd_compare)
+
+    q = sub.add_parser("verify", help="check run folders against their manifest (SHA-256 of "
+                       "the config, checkpoint, metric lines, summary and round weights); "
+                       "exit 2 if a file changed, 1 if a folder has no manifest")
+    q.add_argument("dirs", nargs="+", help="run folders, or folders holding run folders")
+    q.set_defaults(func=cmd_verify)
 
     q = sub.add_parser("report", help="one self-contained HTML page (tables, curves, "
                        "weights, AMM/FFD, configs) from runs; or Markdown with --markdown")

@@ -156,6 +156,9 @@ def restore(exp: Experiment, store: RunStore | Path) -> None:
     ``metrics.jsonl`` holds every evaluated round up to the checkpoint."""
     store = store if isinstance(store, RunStore) else RunStore(store)
     out = store.out
+    if store.verify() is None:
+        log.warning("%s has no manifest.json (written by protofl 0.1): its files cannot be "
+                    "checked; it gets one now", out)
     stored = flatten(store.config())
     mine = flatten(json.loads(json.dumps(exp.cfg.to_dict())))  # as config.json holds it
     for key in sorted(set(stored) | set(mine)):
