@@ -665,3 +665,55 @@ def test_a_budget_in_mib_from_the_environment(monkeypatch):
     with pytest.raises(ProtoflError, match="PROTOFL_VECTORIZED_BUDGET_MB = 'lots' is not a "
                                            "number of MiB"):
         vectorized.memory_budget()
+
+
+# ---- issue 50, item 6: messages that misled ----
+
+def test_fedgen_noise_dim_is_named_when_it_is_what_is_too_large(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PROTOFL_MEMORY_MB", AS_ON_16_GIB)
+    code, line = cli(capsys, "run", "--algorithm", "fedgen", "--dataset", "digits",
+                     "--set", "algo.noise_dim=2147483648", "--out", str(tmp_path / "run"), *TINY)
+    assert code == 2 and "algo.noise_dim = 2147483648" in line, line
+    assert "server_steps =" not in line and line.endswith("lower algo.noise_dim")
+    code, line = cli(capsys, "run", "--algorithm", "fedgen", "--dataset", "digits",
+                     "--set", "algo.server_steps=2147483648", "--out", str(tmp_path / "run"),
+                     *TINY)
+    assert code == 2 and "algo.server_steps = 2147483648" in line, line
+
+
+def test_out_naming_a_folder_of_runs_says_so_and_leaves_it_untouched(finished, capsys):
+    runs = finished.parent  # holds the run folder `fedavg`
+    before = sorted(p.name for p in runs.iterdir())
+    for extra in ([], ["--overwrite"]):
+        code, line = cli(capsys, "run", "--rounds", "1", "--out", str(runs), *TINY, *extra)
+        assert code == 2 and f"--out {runs} is a folder of runs (fedavg)" in line, line
+        assert "stopped before its first checkpoint" not in line
+        assert sorted(p.name for p in runs.iterdir()) == before  # no stray lock file
+
+
+def test_out_naming_a_folder_of_other_files_says_so(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    code, line = cli(capsys, "run", "--rounds", "1", "--out", str(tmp_path), *TINY)
+    assert code == 2 and "already holds files that are not a run (notes.txt)" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_resume_with_rounds_below_the_checkpoint_is_one_line_without_a_warning(finished,
+                                                                                capsys):
+    main(["run", "--resume", str(finished), "--rounds", "0", "-q"])
+    err = capsys.readouterr().err
+    assert err.strip() == (f"protofl: error: --rounds 0: {finished} has already run 1 round; "
+                           "give at least 1"), err
+
+
+@pytest.mark.parametrize("argv", [["run", "--rounds", "1", "--out", ""],
+                                  ["compare", "runs", "--out", " "],
+                                  ["suite", "main", "--out", ""]])
+def test_an_empty_out_is_refused_not_replaced_by_the_default(tmp_path, capsys, monkeypatch,
+                                                             argv):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    make_run(tmp_path / "runs" / "a")
+    code, line = cli(capsys, *argv)
+    assert code == 2 and "is empty: give a folder or file name" in line, line
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["a"]

@@ -81,8 +81,10 @@ def experiment(cfg: Config, out: str | Path | None, overwrite: bool, progress: b
     """The Experiment of ``cfg``, written to ``out`` (None: nowhere) by its RunStore, with the
     default callbacks, those of a run folder and ``callbacks``."""
     out = Path(out) if out is not None else None
-    exp = runnable(Experiment(cfg, store=None if out is None else RunStore(out, overwrite)),
-                   out)
+    store = None if out is None else RunStore(out, overwrite)
+    if store is not None:
+        store.check_fresh()  # before the data are built and the folder is locked
+    exp = runnable(Experiment(cfg, store=store), out)
     exp.callbacks += [*folder_callbacks(out, progress), *callbacks]
     return exp
 
@@ -122,7 +124,7 @@ def resume_experiment(out: str | Path, rounds: int | None = None, progress: bool
             done = snapshot.get("round")
             if isinstance(done, int) and rounds < done:
                 raise ProtoflError(f"--rounds {rounds}: {store.out} has already run {done} "
-                                   f"rounds; give at least {done}")
+                                   f"round{'s' * (done != 1)}; give at least {done}")
             if rounds < cfg.rounds:
                 log.warning("--rounds %d is fewer than the %d configured: the run ends sooner, "
                             "at round %d", rounds, cfg.rounds, rounds)

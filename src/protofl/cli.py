@@ -22,7 +22,9 @@ NAMES_NOTE = ("Two published methods are called 'FedProto': here 'fedmargin' (al
 
 def _path(text: str) -> Path:
     """A path from the command line, ``~`` expanded (no shell expands it inside ``--out=~/x``
-    or a quoted argument)."""
+    or a quoted argument); an empty one is refused."""
+    if not text.strip():
+        raise ProtoflError(f"the path {text!r} is empty: give a folder or file name")
     return Path(text).expanduser()
 
 
@@ -75,7 +77,7 @@ def cmd_run(args) -> int:
                                     device=args.device, settings=args.set or ())
     else:
         cfg = _config(args)
-        out = _path(args.out) if args.out else Path("runs") / (
+        out = _path(args.out) if args.out is not None else Path("runs") / (
             f"{cfg.algorithm}_{cfg.data.name}_seed{cfg.seed}_{time.strftime('%Y%m%d-%H%M%S')}")
         summary = run_experiment(cfg, out, overwrite=args.overwrite, progress=not args.quiet)
     print(summary_line(summary, out))
@@ -107,7 +109,7 @@ def cmd_verify(args) -> int:
 def cmd_compare(args) -> int:
     from protofl.report.compare import compare
 
-    print(compare(_run_folders(args.dirs), _path(args.out) if args.out else None,
+    print(compare(_run_folders(args.dirs), _path(args.out) if args.out is not None else None,
                   overwrite=args.overwrite))
     return 0
 
@@ -138,8 +140,9 @@ def cmd_report(args) -> int:
         written = write_markdown(secs, _path(args.markdown),
                                  _path(args.figures) if args.figures else None, args.overwrite)
         print(f"markdown: {written[0]} (+ {len(written) - 1} figures)")
-    if args.out or not args.markdown:
-        out = write_html(secs, _path(args.out or "report.html"), args.overwrite, title)
+    if args.out is not None or not args.markdown:
+        out = write_html(secs, _path("report.html" if args.out is None else args.out),
+                         args.overwrite, title)
         print(f"report: {out} (open it in any browser; nothing is fetched)")
     return 0
 
@@ -162,7 +165,7 @@ def cmd_suite(args) -> int:
     if args.name == "reproduce":  # the seeds' claims (protofl.reproduce)
         from protofl.reproduce import run_reproduce
 
-        out = _path(args.out or f"runs/reproduce-{args.budget}")
+        out = _path(f"runs/reproduce-{args.budget}" if args.out is None else args.out)
         print(run_reproduce(args.claims, args.budget, out, args.jobs, _seeds(args.seeds),
                             overrides, _names(args.splits), args.alternatives,
                             _path(args.kept) if args.kept else None, _names(args.variants)))
@@ -172,7 +175,7 @@ def cmd_suite(args) -> int:
         raise ProtoflError("--claims, --splits, --variants, --alternatives and --kept are "
                            "options of 'protofl suite reproduce'")
     name = budget_name(args.name, args.budget)
-    out = _path(args.out or f"runs/{name}")
+    out = _path(f"runs/{name}" if args.out is None else args.out)
     print(run_suite(name, out, args.jobs, _seeds(args.seeds), overrides))
     print(f"table: {out / 'table.md'}; curves: {out}/table_*.png; report: "
           f"{out / 'report.html'}")
@@ -286,7 +289,7 @@ def cmd_stats(args) -> int:
 
     cfg = _config(args)
     data = load_dataset(cfg.data)
-    out = _path(args.out) if args.out else None
+    out = _path(args.out) if args.out is not None else None
     print(partition_stats(data, out))
     return 0
 

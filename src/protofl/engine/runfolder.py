@@ -182,24 +182,48 @@ def folder_state(out: Path) -> str:
 
 def prepare(out: Path, overwrite: bool) -> None:
     """Make ``out`` ready for a fresh run: create it, refuse one that already holds files
-    unless ``overwrite`` (then remove the old run's artefacts). Call it while holding
-    ``lock(out)`` so that no other run can start in between; if another process holds the lock,
-    this refuses."""
+    unless ``overwrite`` (then remove the old run's artefacts), and a folder that holds other
+    runs' folders either way. Checked before the lock is taken (a refused folder is left
+    untouched, with no lock file) and again while holding it, so that no other run can start
+    in between; if another process holds the lock, this refuses."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ProtoflError(f"--out {out} is a file, not a folder")
+    if out.is_dir():
+        _refuse_held(out, overwrite)
     with lock(out):
-        files = [p for p in out.iterdir() if p.name != LOCK]
-        if files and not overwrite:
-            how = {"finished": "use --overwrite to replace it, or another --out",
-                   "resumable": "use --resume to continue it, --overwrite to replace it, or "
-                                "another --out",
-                   "no-checkpoint": "it was stopped before its first checkpoint, so there is "
-                                    "nothing to resume: use --overwrite to start it again, or "
-                                    "another --out"}[folder_state(out)]
-            raise ProtoflError(f"run folder {out} already holds a run; {how}")
-        if files:
+        if _refuse_held(out, overwrite):
             clear(out)
+
+
+def _refuse_held(out: Path, overwrite: bool) -> bool:
+    """Whether ``out`` holds files (to clear with ``overwrite``); one line refusing it when
+    it holds a run and not ``overwrite``, or holds other runs' folders."""
+    files = sorted(p.name for p in out.iterdir() if p.name != LOCK)
+    if not files:
+        return False
+    if not (out / CONFIG).exists():
+        runs = sorted({c.relative_to(out).parts[0] for pattern in (f"*/{CONFIG}",
+                                                                  f"*/*/{CONFIG}")
+                       for c in out.glob(pattern)})  # two levels: never a walk of $HOME
+        if runs:
+            shown = ", ".join(runs[:3]) + (", ..." if len(runs) > 3 else "")
+            raise ProtoflError(f"--out {out} is a folder of runs ({shown}), not a run folder: "
+                               f"give a new folder for this run, e.g. --out {out / 'NAME'}")
+    if overwrite:
+        return True
+    if not (out / CONFIG).exists() and folder_state(out) == "no-checkpoint":
+        shown = ", ".join(files[:3]) + (", ..." if len(files) > 3 else "")
+        raise ProtoflError(f"--out {out} already holds files that are not a run ({shown}): "
+                           "choose an empty or new folder (--overwrite removes only the files "
+                           "protofl writes)")
+    how = {"finished": "use --overwrite to replace it, or another --out",
+           "resumable": "use --resume to continue it, --overwrite to replace it, or "
+                        "another --out",
+           "no-checkpoint": "it was stopped before its first checkpoint, so there is "
+                            "nothing to resume: use --overwrite to start it again, or "
+                            "another --out"}[folder_state(out)]
+    raise ProtoflError(f"run folder {out} already holds a run; {how}")
 
 
 def clear(out: Path) -> list[str]:
@@ -449,6 +473,15 @@ class RunStore:
 
     def is_run(self) -> bool:
         return (self.out / CONFIG).is_file()
+
+    def check_fresh(self) -> None:
+        """Refuse, before anything is built or locked, a folder a fresh run cannot use (it
+        holds a run and not ``overwrite``, or other runs' folders); :meth:`start` checks again
+        under the lock."""
+        if self.out.exists() and not self.out.is_dir():
+            raise ProtoflError(f"--out {self.out} is a file, not a folder")
+        if self.out.is_dir():
+            _refuse_held(self.out, self.overwrite)
 
     # ---- integrity ----
     def manifest(self) -> dict | None:
