@@ -111,9 +111,10 @@ def check_sizes(spec: RunSpec, data: FederatedData, train_data: FederatedData,
     (and the host): sized from its algorithm built on the meta device, before anything is
     allocated (``protofl/sizes.py``)."""
     alg, _ = meta_algorithm(spec, data)
-    total = sizes.model_bytes(alg, spec)
+    total = sizes.model_bytes(alg, spec, hetero.init_state)
     sizes.check(sizes.run_needs(spec, data, train_data, alg,
-                                lambda: size_source(spec, data, total)), device)
+                                lambda: size_source(spec, data, total), hetero.init_state),
+                device)
 
 
 def size_source(spec: RunSpec, data: FederatedData, nbytes: int) -> tuple[str, object]:
@@ -135,7 +136,8 @@ def size_source(spec: RunSpec, data: FederatedData, nbytes: int) -> tuple[str, o
     best, found = 0, None
     for key, value, other in candidates:
         try:
-            smaller = nbytes - sizes.model_bytes(_meta_algorithm(other, data)[0], other)
+            smaller = nbytes - sizes.model_bytes(_meta_algorithm(other, data)[0], other,
+                                                 hetero.init_state)
         except Exception:  # noqa: BLE001 - a default that does not build names nothing
             continue
         if smaller > best:
