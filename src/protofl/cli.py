@@ -106,6 +106,13 @@ def cmd_verify(args) -> int:
     return code
 
 
+def cmd_audit(args) -> int:
+    from protofl.flower.audit import report
+
+    print(report([_path(p) for p in args.logs]))
+    return 0
+
+
 def cmd_compare(args) -> int:
     from protofl.report.compare import compare
 
@@ -422,6 +429,12 @@ def report_parsers(sub) -> None:
                        "exit 2 if a file changed, 1 if a folder has no manifest")
     q.add_argument("dirs", nargs="+", help="run folders, or folders holding run folders")
     q.set_defaults(func=cmd_verify)
+
+    q = sub.add_parser("audit", help="what a SuperNode sent, message by message (its "
+                       "audit-dir's logs: names, shapes and types, never values)")
+    q.add_argument("logs", nargs="+", help="audit logs (run<R>-partition<K>.jsonl), or the "
+                   "folders holding them")
+    q.set_defaults(func=cmd_audit)
 
     q = sub.add_parser("report", help="one self-contained HTML page (tables, curves, "
                        "weights, AMM/FFD, configs) from runs; or Markdown with --markdown")
