@@ -30,6 +30,7 @@ LAYERS = [
     {"engine"},
     {"report"},
     {"api", "cli", "suite", "suites", "suites_hetero", "reproduce", "flower", "doctables",
+     "executor",
      "__init__"},
 ]
 

@@ -87,6 +87,8 @@ def test_a_killed_a_late_and_a_returning_supernode(dep):
     summary = wait_for(lambda: (out / "summary.json").exists() and json.loads(
         (out / "summary.json").read_text()), 4 * TIMEOUT + 60, "the run to finish", every=2)
     assert summary["rounds"] == 5
+    wait_for(lambda: dep.run_status(run_id).startswith("finished"), 60, "the ServerApp to end",
+             every=2)
     got = rows(out)
     assert got[1]["clients"] == [0] and got[1]["rejected"] == [1, 2]  # round 2
     assert 1 in got[2]["rejected"]  # round 3: client 1 is still gone
@@ -124,6 +126,8 @@ def test_every_supernode_gone_stops_the_run_and_resume_continues_it(dep):
     run_id = dep.flwr_run(cfg, out, round_timeout=TIMEOUT, extra="resume=true")
     summary = wait_for(lambda: (out / "summary.json").exists() and json.loads(
         (out / "summary.json").read_text()), 240, "the resumed run to finish", every=2)
+    wait_for(lambda: dep.run_status(run_id).startswith("finished"), 60, "the ServerApp to end",
+             every=2)
     assert summary["rounds"] == 3 and dep.run_status(run_id) == "finished:completed"
     consistent(out, 3)
     assert [r["clients"] for r in rows(out)] == [[0, 1, 2]] * 3

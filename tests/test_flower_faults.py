@@ -156,6 +156,8 @@ def test_every_node_gone_retries_the_round_once_then_stops_in_one_line(faulty, t
     assert any("round 2: 0 of 3 clients replied, fewer than min-replies = 1; the round is "
                "sent once more" in line for line in flwr_lines), flwr_lines
     assert "sent once more" in (out / "flower.log").read_text()
+    assert f"protofl: error: {msg}" in (out / "flower.log").read_text()
+    assert sum(msg in line for line in flwr_lines) == 0  # serve() streams it, once
 
 
 def test_min_replies_zero_keeps_the_state_when_nothing_came(faulty, tmp_path):

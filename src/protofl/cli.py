@@ -175,7 +175,8 @@ def cmd_suite(args) -> int:
         out = _path(f"runs/reproduce-{args.budget}" if args.out is None else args.out)
         print(run_reproduce(args.claims, args.budget, out, args.jobs, _seeds(args.seeds),
                             overrides, _names(args.splits), args.alternatives,
-                            _path(args.kept) if args.kept else None, _names(args.variants)))
+                            _path(args.kept) if args.kept else None, _names(args.variants),
+                            args.executor))
         print(f"verdicts: {out / 'claims.md'}")
         return 0
     if args.claims or args.splits or args.variants or args.alternatives or args.kept:
@@ -183,7 +184,7 @@ def cmd_suite(args) -> int:
                            "options of 'protofl suite reproduce'")
     name = budget_name(args.name, args.budget)
     out = _path(f"runs/{name}" if args.out is None else args.out)
-    print(run_suite(name, out, args.jobs, _seeds(args.seeds), overrides))
+    print(run_suite(name, out, args.jobs, _seeds(args.seeds), overrides, args.executor))
     print(f"table: {out / 'table.md'}; curves: {out}/table_*.png; report: "
           f"{out / 'report.html'}")
     return 0
@@ -392,6 +393,9 @@ def run_parsers(sub) -> None:
     q.add_argument("name", help="suite name (see 'protofl suites')")
     q.add_argument("--out", help="folder (default: runs/<name>)")
     q.add_argument("--jobs", type=int, help="parallel processes (default: CPU count)")
+    q.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="local: a pool of processes here; ray: each run a Ray task on the "
+                   "cluster RAY_ADDRESS names (else a local Ray), the same folders and numbers")
     q.add_argument("--seeds", help="comma-separated seeds (default: the suite's)")
     q.add_argument("--rounds", type=int, help="override every run's rounds")
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override every run")

@@ -102,7 +102,8 @@ class StreamWarnings(logging.Handler):
         super().__init__(logging.WARNING)
 
     def emit(self, record: logging.LogRecord) -> None:
-        flwr_log(record.levelno, "protofl: %s", record.getMessage())
+        if getattr(record, "stream", True):
+            flwr_log(record.levelno, "protofl: %s", record.getMessage())
 
 
 def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout: float = 600.0,
@@ -167,7 +168,11 @@ def _run_on_grid(cfg: Config, grid: Grid, out: Path | None, round_timeout: float
         try:
             if resume and not fresh and CONFIG in held:
                 restore(exp, store)
-            summary = exp.run()
+            try:
+                summary = exp.run()
+            except ProtoflError as e:  # into flower.log too (serve() streams it)
+                log.error("protofl: error: %s", e, extra={"stream": False})
+                raise
             log.info("protofl run finished: %s", {k: summary.get(k) for k in (
                 "algorithm", "dataset", "rounds", "accuracy")})
         finally:
