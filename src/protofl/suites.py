@@ -10,7 +10,6 @@ FFD metric, which every other run then logs (``mmd``; the table's FFD against fe
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 

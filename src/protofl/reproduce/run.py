@@ -32,8 +32,8 @@ def run_reproduce(names: str | None, budget: str, out: Path, jobs: int | None = 
     verdict tables (Markdown); ``OUT/claims.md`` holds them too, with ``kept``'s runs merged
     in."""
     from protofl.config import config_from_dict
-    from protofl.reproduce.tables import reproduction_markdown
     from protofl.executor import execute
+    from protofl.reproduce.tables import reproduction_markdown
 
     record, work = reproduce_plan(names, budget, out, seeds, overrides, splits, alternatives,
                                   kept, variants)
