@@ -119,7 +119,10 @@ def main() -> int:
     cases = {**CASES, **(DEPLOYMENT if args.deployment else {}), **(RAY if args.ray else {})}
     plugin = Lines(cases)
     os.chdir(ROOT)
-    sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
+    paths = [str(ROOT / "src"), str(ROOT / "tests")]
+    sys.path[:0] = paths  # and for the processes the cases start (SuperNodes, Ray workers)
+    os.environ["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [os.environ.get(
+        "PYTHONPATH")])])
     start = time.perf_counter()
     pytest.main(["-p", "no:cacheprovider", "-p", "no:terminal", *cases.values()],
                 plugins=[plugin])
