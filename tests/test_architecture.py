@@ -22,7 +22,8 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 # bottom to top: a module may import its own layer's modules and those of lower layers
 LAYERS = [
-    {"errors", "config", "seeding", "nested", "tasks", "device", "provenance", "sizes"},
+    {"errors", "config", "seeding", "nested", "tasks", "device", "provenance", "sizes",
+     "plugins"},
     {"data"},
     {"models"},
     {"algorithms", "privacy"},
@@ -30,8 +31,7 @@ LAYERS = [
     {"engine"},
     {"report"},
     {"api", "cli", "suite", "suites", "suites_hetero", "reproduce", "flower", "doctables",
-     "executor",
-     "__init__"},
+     "executor", "__init__", "__main__", "testing"},
 ]
 
 

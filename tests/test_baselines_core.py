@@ -5,6 +5,7 @@ from protofl.algorithms.base import weighted_average
 from protofl.algorithms.fedavg import attentive_update, proximal_term
 from protofl.algorithms.registry import make_algorithm
 from protofl.models.nets import Mlp
+from protofl.testing import client_round
 
 
 def _up(params, n):
@@ -49,7 +50,7 @@ def test_fedprox_loss_adds_the_term():
     moved = {k: v + 0.1 for k, v in state["params"].items()}
     x, y = torch.randn(5, 3), torch.tensor([0, 1, 0, 1, 1])
     w = torch.ones(5)
-    ctx = prox.client_begin(model, prox.broadcast(state), {}, x, y)
+    ctx = prox.client_begin(client_round(prox, prox.broadcast(state), x, y, model=model))
     diff = prox.loss(model, moved, {}, x, y, w, ctx) - avg.loss(model, moved, {}, x, y, w, {})
     n = sum(v.numel() for v in moved.values())
     assert abs(diff.item() - 0.25 * n * 0.01) < 1e-5

@@ -12,6 +12,7 @@ from protofl.engine.federation import build
 from protofl.engine.private import stack
 from protofl.errors import ProtoflError
 from protofl.models.nets import Mlp
+from protofl.testing import client_round, trained
 
 INFO = FederationInfo(num_clients=4, num_classes=3, train_sizes=(5, 5, 5, 5))
 
@@ -53,15 +54,15 @@ def test_client_loss_and_gradient_state_by_hand():
     n = sum(v.numel() for v in params.values())
     x, y, w = torch.randn(6, 2), torch.tensor([0, 1, 2, 0, 1, 2]), torch.ones(6)
     broadcast = {"params": filled(params, 0.0), "buffers": buffers}
-    ctx = alg.client_begin(alg.model, broadcast, {"grad": filled(params, 2.0)}, x, y)
+    ctx = alg.client_begin(client_round(alg, broadcast, x, y, {"grad": filled(params, 2.0)}))
     plain = make_algorithm("fedavg", {}, alg.model, 3).loss(alg.model, params, buffers, x, y,
                                                             w, ctx)
     got = alg.loss(alg.model, params, buffers, x, y, w, ctx)
     assert float(got - plain) == pytest.approx((-2.0 + 0.25) * n, rel=1e-6)
-    _, state = alg.client_end(alg.model, params, buffers, broadcast, ctx, {}, x, y)
+    _, state = alg.client_end(trained(client_round(alg, broadcast, x, y), params, buffers, ctx))
     for v in state["grad"].values():
         assert torch.allclose(v, torch.full_like(v, 1.5))
-    first = alg.client_begin(alg.model, broadcast, {}, x, y)  # a client's first round: g = 0
+    first = alg.client_begin(client_round(alg, broadcast, x, y))  # a client's first round: g = 0
     assert all(float(v.abs().sum()) == 0 for v in first["grad"].values())
 
 

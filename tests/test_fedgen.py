@@ -22,6 +22,7 @@ from protofl.engine.experiment import Experiment
 from protofl.errors import ProtoflError
 from protofl.models.nets import Mlp
 from protofl.nested import flatten
+from protofl.testing import client_round, trained
 
 FAST = {"server_steps": 5, "server_batch": 8, "samples_per_class": 3}
 
@@ -183,7 +184,7 @@ def test_client_uploads_its_head_and_label_counts():
     alg, model = tiny()
     params, buffers = split_state(model)
     x, y = torch.randn(4, 2), torch.tensor([0, 2, 2, 0])
-    up, own = alg.client_end(model, params, buffers, {}, {}, {}, x, y)
+    up, own = alg.client_end(trained(client_round(alg, {}, x, y, model=model), params, buffers))
     validate_upload(up, alg.upload_spec())
     assert up["counts"].tolist() == [2.0, 0.0, 2.0] and float(up["num_samples"]) == 4.0
     assert sorted(up["head"]) == ["classifier.bias", "classifier.weight"] and "params" not in up

@@ -19,6 +19,7 @@ from protofl.algorithms.registry import make_algorithm
 from protofl.config import config_from_dict
 from protofl.engine.experiment import Experiment
 from protofl.models.nets import Mlp
+from protofl.testing import client_round, trained
 
 R2 = math.sqrt(2.0)
 
@@ -243,7 +244,7 @@ def test_client_uploads_its_truncated_mentee_and_keeps_everything(svd):
     params = split_state(alg.model)[0]
     params["mentee.classifier.weight"] = base + torch.tensor(A) / R2  # W_k = W^t + A
     x, y = torch.randn(3, 2), torch.tensor([0, 1, 1])
-    up, own = alg.client_end(alg.model, params, {}, broadcast, {}, {}, x, y)
+    up, own = alg.client_end(trained(client_round(alg, broadcast, x, y), params, {}))
     validate_upload(up, alg.upload_spec())
     assert sorted(up) == ["mentee", "num_samples"] and float(up["num_samples"]) == 3
     got = up["mentee"]["mentee.classifier.weight"]

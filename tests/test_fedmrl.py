@@ -17,6 +17,7 @@ from protofl.engine.experiment import Experiment
 from protofl.errors import ProtoflError
 from protofl.models.nets import Mlp
 from protofl.nested import flatten
+from protofl.testing import client_round, trained
 
 
 def tiny(options: dict | None = None, hidden=()):
@@ -117,16 +118,16 @@ def test_only_the_small_model_is_uploaded_and_the_rest_stays():
     start = alg.local_start(alg.broadcast(state), {"params": own, "buffers": {}})
     for k, v in start["params"].items():  # own local model and projector, the global small
         assert torch.equal(v, state["small"][k] if k.startswith("small.") else own[k])
-    trained = {k: v + 0.25 for k, v in start["params"].items()}
+    after = {k: v + 0.25 for k, v in start["params"].items()}
     x, y = torch.tensor([[1.0, 2.0], [0.0, 1.0]]), torch.tensor([0, 2])
-    up, kept = alg.client_end(alg.model, trained, {}, {}, {}, {}, x, y)
+    up, kept = alg.client_end(trained(client_round(alg, {}, x, y), after, {}))
     validate_upload(up, alg.upload_spec())
     assert sorted(up) == ["num_samples", "small"] and float(up["num_samples"]) == 2.0
-    assert sorted(up["small"]) == sorted(k for k in trained if k.startswith("small."))
-    assert all(torch.equal(up["small"][k], trained[k]) for k in up["small"])
+    assert sorted(up["small"]) == sorted(k for k in after if k.startswith("small."))
+    assert all(torch.equal(up["small"][k], after[k]) for k in up["small"])
     assert not any(k.startswith(("proj.", "backbone.")) for k in flatten(up)
                    if k != "num_samples")
-    assert kept["params"] is trained  # local model and projector stay on the client
+    assert kept["params"] is after  # local model and projector stay on the client
 
 
 def test_a_client_is_scored_with_its_own_small_model_or_the_global_one():

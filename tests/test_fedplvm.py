@@ -12,6 +12,7 @@ from protofl.algorithms.fedplvm import alpha_loss, cluster_classes, correction_l
 from protofl.algorithms.registry import make_algorithm
 from protofl.errors import ProtoflError
 from protofl.models.nets import Mlp
+from protofl.testing import client_round
 
 
 def test_correction_by_hand():
@@ -63,7 +64,7 @@ def test_loss_combines_terms_with_lambda():
     mask[1, :1] = 1.0
     glob = {"global_protos": protos, "global_mask": mask}
     x, y = torch.randn(4, 2), torch.tensor([0, 1, 2, 0])
-    ctx = alg.client_begin(model, glob, {}, x, y)
+    ctx = alg.client_begin(client_round(alg, glob, x, y, model=model))
     params, buffers = split_state(model)
     no_reg = make_algorithm("fedplvm", {"lam": 0.0}, model, 3)
     w = torch.ones(4)

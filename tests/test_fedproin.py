@@ -26,6 +26,7 @@ from protofl.cli import main
 from protofl.data.pipeline import class_balanced as balanced_order
 from protofl.errors import ProtoflError
 from protofl.models.nets import ProtoNet
+from protofl.testing import client_round, trained
 
 
 class Identity(ProtoNet):
@@ -55,7 +56,7 @@ def with_protos(alg: FedProIn, protos: torch.Tensor) -> tuple[dict, dict]:
 
 def ctx_for(alg, params, buffers, x, y, client_state=None):
     glob = {"params": params, "buffers": buffers}
-    return alg.client_begin(alg.model, glob, client_state or {}, x, y)
+    return alg.client_begin(client_round(alg, glob, x, y, client_state or {}))
 
 
 # ---- task loss ----
@@ -129,8 +130,8 @@ def test_influence_counts_tiny_set():
     x = torch.tensor([[1.0, 1.0], [0.0, 2.0], [9.0, 9.0], [9.0, 1.0]])
     y = torch.tensor([0, 1, 0, 0])
     ctx = ctx_for(alg, params, buffers, x, y)
-    up, state = alg.client_end(alg.model, params, buffers, {"params": params,
-                               "buffers": buffers}, ctx, {}, x, y)
+    up, state = alg.client_end(trained(client_round(alg, {"params": params,
+                               "buffers": buffers}, x, y), params, buffers, ctx))
     assert up["influence"].tolist() == [[2.0, 1.0], [0.0, 1.0]]
     assert torch.equal(state["prev_prototypes"], protos)
 
@@ -193,8 +194,8 @@ def test_influence_last_epoch_needs_the_trainer_counts():
     params, buffers = split_state(alg.model)
     x, y = torch.zeros(2, 2), torch.tensor([0, 1])
     with pytest.raises(ProtoflError, match="last-epoch counts"):
-        alg.client_end(alg.model, params, buffers, {"params": params, "buffers": buffers},
-                       ctx_for(alg, params, buffers, x, y), {}, x, y)
+        c = client_round(alg, {"params": params, "buffers": buffers}, x, y)
+        alg.client_end(trained(c, params, buffers, ctx_for(alg, params, buffers, x, y)))
 
 
 def test_nia_by_hand_keeps_unhit_prototype():

@@ -12,6 +12,7 @@ from protofl.algorithms.fedproto import nearest_prototype_scores, prototype_regu
 from protofl.algorithms.registry import make_algorithm
 from protofl.errors import ProtoflError
 from protofl.models.nets import Mlp
+from protofl.testing import client_round, trained
 
 
 def _alg(lam=1.0):
@@ -85,7 +86,8 @@ def test_personal_weights_and_upload():
     assert all(torch.equal(start["params"][k], v) for k, v in state["init"]["params"].items())
     params = {k: v + 1.0 for k, v in start["params"].items()}
     x, y = torch.randn(5, 2), torch.tensor([0, 0, 1, 1, 1])
-    up, own = alg.client_end(model, params, start["buffers"], glob, {}, {}, x, y)
+    c = client_round(alg, glob, x, y, model=model)
+    up, own = alg.client_end(trained(c, params, start["buffers"]))
     validate_upload(up, alg.upload_spec())
     assert "params" not in up and up["counts"].tolist() == [2.0, 3.0, 0.0]
     again = alg.local_start(glob, own)
@@ -219,5 +221,5 @@ def test_training_pass_needs_the_trainer_sums():
     alg.opts.proto_pass = "training"
     params, buffers = split_state(model)
     with pytest.raises(ProtoflError, match="last-pass sums"):
-        alg.client_end(model, params, buffers, {}, {}, {}, torch.zeros(2, 2),
-                       torch.tensor([0, 1]))
+        c = client_round(alg, {}, torch.zeros(2, 2), torch.tensor([0, 1]), model=model)
+        alg.client_end(trained(c, params, buffers))

@@ -16,6 +16,7 @@ from protofl.config import config_from_dict
 from protofl.engine.experiment import Experiment
 from protofl.errors import ProtoflError
 from protofl.models.nets import Mlp
+from protofl.testing import client_round, trained
 
 METHODS = ("fd", "lgfedavg", "fedgh", "fpl", "fml")
 FAST = {"fedgh": {"server_epochs": 3}}
@@ -77,15 +78,16 @@ def test_fd_uploads_class_mean_logits_of_the_pass_or_of_the_trained_model():
     x, y = torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 2.0]]), torch.tensor([0, 0, 2])
     stats = {"proto_sums": torch.tensor([[2.0, 4.0, 6.0], [0.0] * 3, [1.0, 1.0, 1.0]]),
              "proto_counts": torch.tensor([2.0, 0.0, 1.0])}
-    up, own = alg.client_end(model, params, buffers, {}, {}, {}, x, y, stats=stats)
+    c = client_round(alg, {}, x, y, model=model)
+    up, own = alg.client_end(trained(c, params, buffers, {}, stats))
     validate_upload(up, alg.upload_spec())
     assert up["logits"].tolist() == [[1.0, 2.0, 3.0], [0.0] * 3, [1.0, 1.0, 1.0]]
     assert up["counts"].tolist() == [2.0, 0.0, 1.0] and "params" not in up
     assert own["params"] is params
     with pytest.raises(ProtoflError, match="logit_pass: training needs"):
-        alg.client_end(model, params, buffers, {}, {}, {}, x, y)
+        alg.client_end(trained(client_round(alg, {}, x, y, model=model), params, buffers))
     after, _ = tiny("fd", {"logit_pass": "after"})
-    up, _ = after.client_end(model, params, buffers, {}, {}, {}, x, y)
+    up, _ = after.client_end(trained(client_round(after, {}, x, y, model=model), params, buffers))
     with torch.no_grad():
         logits = model(x)[1]
     torch.testing.assert_close(up["logits"][0], (logits[0] + logits[1]) / 2)
@@ -123,7 +125,7 @@ def test_lgfedavg_trains_its_own_body_with_the_global_head():
     x, y, w = torch.tensor([[1.0, 2.0]]), torch.tensor([1]), torch.ones(1)
     loss = alg.loss(model, start["params"], {}, x, y, w, {})
     assert float(loss) == pytest.approx(math.log(3), rel=1e-6)
-    up, st = alg.client_end(model, start["params"], {}, {}, {}, {}, x, y)
+    up, st = alg.client_end(trained(client_round(alg, {}, x, y, model=model), start["params"], {}))
     validate_upload(up, alg.upload_spec())
     assert sorted(up["head"]) == ["classifier.bias", "classifier.weight"]
     assert st["params"] is start["params"]
@@ -193,7 +195,7 @@ def test_fedgh_client_uploads_class_means_and_trains_with_cross_entropy():
     start = alg.local_start(alg.broadcast(state), {})
     x = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0]])
     y = torch.tensor([0, 0, 2])
-    up, own = alg.client_end(model, start["params"], {}, {}, {}, {}, x, y)
+    up, own = alg.client_end(trained(client_round(alg, {}, x, y, model=model), start["params"], {}))
     validate_upload(up, alg.upload_spec())
     assert up["protos"].tolist() == [[2.0, 0.0], [0.0, 0.0], [0.0, 2.0]]
     assert up["counts"].tolist() == [2.0, 0.0, 1.0]
@@ -244,7 +246,7 @@ def test_fpl_server_clusters_each_class_and_keeps_absent_ones():
     assert new["cluster_protos"][2, 0].tolist() == [5.0, 5.0]  # nobody uploaded class 2
     assert diag["cluster_prototypes"] == [2.0, 1.0, 1.0] and diag["weights"] == [0.25] * 4
     # the unbiased prototype is the plain mean of the cluster prototypes
-    ctx = alg.client_begin(model, alg.broadcast(new), {}, None, None)
+    ctx = alg.client_begin(client_round(alg, alg.broadcast(new), None, None, model=model))
     torch.testing.assert_close(ctx["unbiased"][0], torch.tensor([0.775, 0.775]))
 
 
@@ -256,7 +258,7 @@ def test_fpl_loss_is_ce_plus_cluster_infonce_plus_mse_to_the_unbiased_prototype(
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
     state = {"cluster_protos": protos, "cluster_mask": mask, **alg.init_state(model)}
     state["cluster_protos"], state["cluster_mask"] = protos, mask
-    ctx = alg.client_begin(model, alg.broadcast(state), {}, None, None)
+    ctx = alg.client_begin(client_round(alg, alg.broadcast(state), None, None, model=model))
     params, buffers = split_state(model)
     x = torch.tensor([[2.0, 1.0], [1.0, -1.0], [0.5, 0.5]])
     y = torch.tensor([0, 1, 2])
@@ -286,11 +288,12 @@ def test_fpl_uploads_prototypes_with_its_weights_and_personal_fpl_without():
     alg, model = tiny("fpl", hidden=())
     params, buffers = split_state(model)
     x, y = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0]]), torch.tensor([0, 0, 2])
-    up, _ = alg.client_end(model, params, buffers, {}, {}, {}, x, y)
+    up, _ = alg.client_end(trained(client_round(alg, {}, x, y, model=model), params, buffers))
     validate_upload(up, alg.upload_spec())
     assert up["protos"].tolist() == [[2.0, 0.0], [0.0, 0.0], [0.0, 2.0]] and "params" in up
     personal = PersonalFPL({}, model, 3)
-    up, own = personal.client_end(model, params, buffers, {}, {}, {}, x, y)
+    c = client_round(personal, {}, x, y, model=model)
+    up, own = personal.client_end(trained(c, params, buffers))
     validate_upload(up, personal.upload_spec())
     assert "params" not in up and own["params"] is params and personalized(personal)
 

@@ -21,6 +21,7 @@ from protofl.engine import manifest, runfolder
 from protofl.engine.experiment import Experiment
 from protofl.engine.train import ClientResult
 from protofl.errors import Diverged
+from protofl.testing import client_round, trained
 
 RAW = {"algorithm": "fedavg", "seed": 3, "rounds": 3, "checkpoint_every": 1,
        "data": {"name": "digits", "num_clients": 4},
@@ -85,8 +86,8 @@ def test_resume_of_a_missing_folder_creates_nothing(tmp_path, capsys):
 
 def test_non_finite_client_results_are_left_out(caplog):
     exp = Experiment(config_from_dict(RAW))
-    good = exp.alg.client_end(exp.alg.model, exp.state["params"], exp.state["buffers"],
-                              exp.alg.broadcast(exp.state), {}, {}, *exp.client_inputs(0))[0]
+    c = client_round(exp.alg, exp.alg.broadcast(exp.state), *exp.client_inputs(0))
+    good = exp.alg.client_end(trained(c, exp.state["params"], exp.state["buffers"]))[0]
     nan = {**good, "params": {k: torch.full_like(v, float("nan"))
                               for k, v in good["params"].items()}}
     kept, rejected = exp.screen([ClientResult(0, good, {}, 0.5), ClientResult(1, nan, {}, 0.5),

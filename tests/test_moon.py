@@ -15,6 +15,7 @@ from protofl.algorithms.moon import contrastive_term, projected
 from protofl.algorithms.registry import make_algorithm
 from protofl.errors import ProtoflError
 from protofl.models.nets import Mlp
+from protofl.testing import client_round, trained
 
 
 def _setup(mu=1.0, tau=0.5):
@@ -61,8 +62,8 @@ def test_loss_matches_direct_computation():
     w = torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0, 1.0])  # one padded row
     gp, gb = split_state(glob_m)
     pp, pb = split_state(prev_m)
-    ctx = alg.client_begin(model, {"params": gp, "buffers": gb},
-                           {"prev": {"params": pp, "buffers": pb}}, x, y)
+    ctx = alg.client_begin(client_round(alg, {"params": gp, "buffers": gb}, x, y,
+                                        {"prev": {"params": pp, "buffers": pb}}, model=model))
     params, buffers = split_state(model)
     got = float(alg.loss(model, params, buffers, x, y, w, ctx))
 
@@ -89,7 +90,7 @@ def test_mu_zero_is_cross_entropy():
     y = torch.tensor([0, 1, 2, 1, 0])
     w = torch.ones(5)
     gp, gb = split_state(other)
-    ctx = alg.client_begin(model, {"params": gp, "buffers": gb}, {}, x, y)
+    ctx = alg.client_begin(client_round(alg, {"params": gp, "buffers": gb}, x, y, model=model))
     params, buffers = split_state(model)
     with torch.no_grad():
         ce = F.cross_entropy(model(x)[1], y)
@@ -103,13 +104,14 @@ def test_first_participation_uses_global_model_so_lcon_is_log2():
     glob = {"params": params, "buffers": buffers}
     x = torch.randn(4, 4, generator=torch.Generator().manual_seed(7))
     y = torch.tensor([0, 1, 2, 0])
-    ctx = alg.client_begin(model, glob, {}, x, y)
+    ctx = alg.client_begin(client_round(alg, glob, x, y, model=model))
     with torch.no_grad():
         ce = float(F.cross_entropy(model(x)[1], y))
     # h_prev == h_global == h: each similarity is 1/tau, so l_con = log 2 for every sample
     got = float(alg.loss(model, params, buffers, x, y, torch.ones(4), ctx))
     assert got == pytest.approx(ce + math.log(2.0), rel=1e-6)
-    up, state = alg.client_end(model, params, buffers, glob, ctx, {}, x, y)
+    c = client_round(alg, glob, x, y, model=model)
+    up, state = alg.client_end(trained(c, params, buffers, ctx))
     assert state["prev"]["params"] is params and "projection.0.weight" in up["params"]
 
 

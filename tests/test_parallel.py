@@ -222,7 +222,7 @@ def test_a_failing_worker_is_reported_and_the_workers_stop():
     from protofl.algorithms.fedavg import FedAvg
 
     class Broken(FedAvg):
-        def client_begin(self, model, broadcast, client_state, x, y):
+        def client_begin(self, c):
             raise ValueError("client 3 cannot start")
 
     data = federation()

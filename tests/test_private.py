@@ -12,15 +12,14 @@ import math
 import pytest
 import torch
 
-from protofl.algorithms.registry import ALGORITHMS, make_algorithm
+from protofl.algorithms.registry import make_algorithm
 from protofl.api import resume_experiment, run_experiment
 from protofl.config import config_from_dict
 from protofl.engine import runfolder
 from protofl.engine.experiment import Experiment
-from protofl.engine.schedule import Job
 from protofl.errors import ProtoflError
 from protofl.models.nets import Mlp
-from protofl.nested import flatten, unflatten
+from protofl.nested import flatten
 from protofl.privacy.accountant import Accountant
 from protofl.privacy.contrib import SumForm, SumSettings
 from protofl.privacy.noise import effective_multiplier
@@ -322,27 +321,6 @@ def test_fedtgp_under_dp_uses_its_documented_fallback(caplog):
         exp.run()
     assert "noised mean prototype of each class" in caplog.text
     assert exp.last["epsilon"] > 0
-
-
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
-def test_uploads_are_two_levels_deep_and_declare_their_kinds(algorithm):
-    """``nested.unflatten`` rebuilds an estimate from flat keys: every real upload must be at
-    most two levels deep, and every entry must say what it is."""
-    from protofl.algorithms.base import KINDS
-    from protofl.engine.train import RoundContext, train_client
-
-    exp = Experiment(cfg(algorithm, rounds=1))
-    job = Job(0, 1)
-    rc = RoundContext(exp.alg, exp.alg.broadcast(exp.state), [job], exp.train_data,
-                      exp.client_states, exp.setup, 1)
-    up = train_client(rc, job).upload
-    flat = flatten(up)
-    assert flatten(unflatten(flat)) == flat
-    assert set(unflatten(flat)) <= set(up)
-    spec = exp.alg.upload_spec()
-    assert set(spec) == set(flat) and all(e.kind in KINDS for e in spec.values())
-    for e in spec.values():
-        assert not e.weighed_by or spec[e.weighed_by].kind in ("counts", "presence")
 
 
 # ---- the noise cannot be regenerated from what a run publishes ----

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from protofl import device as devices
+from protofl import plugins
 from protofl.config import Config, config_from_dict, load_raw
 from protofl.data.federated import FederatedData
 from protofl.data.registry import with_task_dataset
@@ -119,6 +120,7 @@ def resume_experiment(out: str | Path, rounds: int | None = None, progress: bool
         for s in settings:
             apply_set(raw, s)
         cfg = config_from_dict(raw)
+        plugins.check(cfg.plugins)
         snapshot = store.checkpoint()
         if rounds is not None:
             done = snapshot.get("round")
@@ -189,12 +191,13 @@ class Run:
 
 
 def as_config(config: Config | dict | str | Path | None) -> Config:
-    """A Config from a Config, a mapping with the YAML's keys, or a YAML/JSON file's path."""
+    """A Config from a Config, a mapping with the YAML's keys (where a plugin may be the class
+    or factory itself: ``{"algorithm": MyAlgorithm}``), or a YAML/JSON file's path."""
     if config is None:
         return Config()
     if isinstance(config, Config):
         return config
-    raw = config if isinstance(config, dict) else load_raw(config)
+    raw = plugins.name_objects(config) if isinstance(config, dict) else load_raw(config)
     return config_from_dict(with_task_dataset(raw))  # "task" alone: its default dataset
 
 

@@ -169,6 +169,9 @@ def cmd_suite(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ProtoflError(f"--jobs {args.jobs}: give at least 1 (or leave it out: one per "
                            "CPU core)")
+    if args.added and args.name == "reproduce":
+        raise ProtoflError("--with adds rows to a suite's table; 'protofl suite reproduce' "
+                           "runs the seeds' claims as registered")
     if args.name == "reproduce":  # the seeds' claims (protofl.reproduce)
         from protofl.reproduce import run_reproduce
 
@@ -184,7 +187,8 @@ def cmd_suite(args) -> int:
                            "options of 'protofl suite reproduce'")
     name = budget_name(args.name, args.budget)
     out = _path(f"runs/{name}" if args.out is None else args.out)
-    print(run_suite(name, out, args.jobs, _seeds(args.seeds), overrides, args.executor))
+    print(run_suite(name, out, args.jobs, _seeds(args.seeds), overrides,
+                    _names(args.added) or (), args.executor))
     print(f"table: {out / 'table.md'}; curves: {out}/table_*.png; report: "
           f"{out / 'report.html'}")
     return 0
@@ -232,12 +236,23 @@ def algorithm_details(name: str) -> list[str]:
     return lines
 
 
-def cmd_algorithms(args) -> int:
-    from protofl.algorithms.registry import ALGORITHMS, ALIASES, algorithm_class
+def plugin_note(kind: str, name: str, builtins: dict) -> str:
+    """`` (plugin: DIST VERSION)`` for an installed plugin's listing line ("" for a built-in)."""
+    from protofl import plugins
 
-    for name in ALGORITHMS:
+    where = plugins.origin(kind, name, builtins)
+    if where is None:
+        return ""
+    return f" (plugin: {where['distribution'] or '?'} {where['version'] or ''})".rstrip()
+
+
+def cmd_algorithms(args) -> int:
+    from protofl.algorithms.registry import ALGORITHMS, ALIASES, algorithm_class, algorithm_names
+
+    for name in algorithm_names():
         cls = algorithm_class(name)
-        print(f"{name:12s} {cls.description} [{', '.join(cls.tasks)}]")
+        print(f"{name:12s} {cls.description} [{', '.join(cls.tasks)}]"
+              f"{plugin_note('algorithm', name, ALGORITHMS)}")
         if args.details:
             for line in algorithm_details(name):
                 print(" " * 13 + line)
@@ -248,12 +263,14 @@ def cmd_algorithms(args) -> int:
 
 
 def cmd_datasets(args) -> int:
-    from protofl.data.registry import DATASETS
+    from protofl.data.registry import DATASETS, dataset_names, dataset_spec
 
-    for name, spec in DATASETS.items():
+    for name in dataset_names():
+        spec = dataset_spec(name)
         where = "built in" if not spec.needs_files else "needs data.root"
         where = "files on the Flower sites" if name == "site" else where
-        print(f"{name:10s} {spec.description} [{spec.task}; {where}; model {spec.model}]")
+        print(f"{name:10s} {spec.description} [{spec.task}; {where}; model "
+              f"{spec.model or 'model.name'}]{plugin_note('dataset', name, DATASETS)}")
     return 0
 
 
@@ -268,14 +285,14 @@ def cmd_trainers(args) -> int:
 def cmd_options(args) -> int:
     from protofl.doctables import options_markdown
 
-    print(options_markdown())
+    print(options_markdown(with_plugins=True))
     return 0
 
 
 def cmd_docs(args) -> int:
     from protofl.doctables import write_docs
 
-    stale = write_docs(Path(args.dir).expanduser(), check=args.check)
+    stale = write_docs(Path(args.dir).expanduser(), check=args.check, with_plugins=args.plugins)
     for path in stale:
         print(f"{path}: {'stale' if args.check else 'regenerated'}")
     return 1 if stale and args.check else 0
@@ -399,6 +416,9 @@ def run_parsers(sub) -> None:
     q.add_argument("--seeds", help="comma-separated seeds (default: the suite's)")
     q.add_argument("--rounds", type=int, help="override every run's rounds")
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override every run")
+    q.add_argument("--with", dest="added", metavar="ALGORITHMS", help="comma-separated "
+                   "algorithms (names, installed plugins or module:Class) run as rows of their "
+                   "own beside the suite's, with its settings and seeds")
     q.add_argument("--device", help="every run's device (auto, cpu, cuda, cuda:N or mps)")
     q.add_argument("--claims", help="reproduce: comma-separated claims (default: all; see "
                    "docs/reproduction.md)")
@@ -493,6 +513,8 @@ def listing_parsers(sub) -> None:
     q.add_argument("--dir", default="docs", help="the docs folder (default: docs)")
     q.add_argument("--check", action="store_true", help="only say which files are stale "
                    "(exit 1 if any)")
+    q.add_argument("--plugins", action="store_true", help="also the installed plugins' "
+                   "algorithms (protofl's own docs list the built-ins only)")
     q.set_defaults(func=cmd_docs)
 
     q = sub.add_parser("stats", help="partition statistics of a dataset (the seed's Fig. S1)")

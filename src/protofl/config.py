@@ -138,8 +138,8 @@ class DataConfig:
     num_clients: int | None = option(None, "number of clients (null: the dataset's own)", ge=1)
     partition: str | None = option(
         None, "iid, classes (k per client, power-law sizes), dirichlet (label skew), "
-              "dirichlet_powerlaw (Dirichlet mix, power-law sizes); null: the dataset's own",
-        choices=("iid", "classes", "dirichlet", "dirichlet_powerlaw"))
+              "dirichlet_powerlaw (Dirichlet mix, power-law sizes), or a plugin's scheme; "
+              "null: the dataset's own")
     alpha: float = option(0.5, "Dirichlet concentration", gt=0)
     gamma: float = option(3.0, "power-law exponent of client sizes", gt=1)
     classes_per_client: int = option(2, "k of the `classes` partition", ge=1)
@@ -377,6 +377,9 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     algo: dict[str, Any] = field(default_factory=dict)  # the algorithm's own options
+    plugins: dict[str, Any] = option({}, "written by protofl: where each plugin the run names "
+                                         "comes from (config key -> import path, package, "
+                                         "version), checked on resume and by Flower nodes")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

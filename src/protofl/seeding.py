@@ -13,6 +13,7 @@ NOISE, CLIENT_NOISE = 6, 7  # DP noise added by the server / by a client
 CLIP_NOISE = 8  # DP noise on adaptive clipping's count of unclipped updates
 DROP = 9  # which sampled clients drop out of a round (clients.dropout)
 VALIDATION = 10  # which training rows each client holds out (data.validation_fraction)
+HOOK = 11  # an algorithm's own draws in its client hooks (ClientRound.generator)
 
 
 def np_rng(seed: int, *keys: int) -> np.random.Generator:

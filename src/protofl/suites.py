@@ -10,6 +10,7 @@ FFD metric, which every other run then logs (``mmd``; the table's FFD against fe
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -189,14 +190,21 @@ def seeded(raw: dict[str, Any], seed: int, overrides: dict[str, Any] | None) -> 
 
 
 def plan(name: str, out: Path, seeds: tuple[int, ...] | None = None,
-         overrides: dict[str, Any] | None = None) -> list[tuple[dict, str]]:
-    """Every (resolved raw config, run folder) of a suite."""
+         overrides: dict[str, Any] | None = None, added: tuple[str, ...] = ()
+         ) -> list[tuple[dict, str]]:
+    """Every (resolved raw config, run folder) of a suite; ``added``: algorithms (names,
+    entry points or import paths) run as rows of their own beside the suite's."""
     from protofl.errors import ProtoflError
 
     if name not in SUITES:
         raise ProtoflError(f"unknown suite {name!r}; allowed: {', '.join(SUITES)}")
     suite = SUITES[name]
     runs, skip = suite.run_table(), not_run(name, overrides)
+    for algorithm in added:
+        label = re.sub(r"[^\w.-]", "_", algorithm)
+        if label in runs:
+            raise ProtoflError(f"--with {algorithm}: suite {name} already has a row {label!r}")
+        runs = {**runs, label: {"algorithm": algorithm}}
     jobs = []
     for ds, base in suite.datasets.items():
         if ds in skip:
@@ -252,16 +260,18 @@ def not_run(name: str, overrides: dict[str, Any] | None = None) -> dict[str, str
 
 
 def run_suite(name: str, out: Path, jobs: int | None = None, seeds: tuple[int, ...] | None = None,
-              overrides: dict[str, Any] | None = None, executor: str = "local") -> str:
+              overrides: dict[str, Any] | None = None, added: tuple[str, ...] = (),
+              executor: str = "local") -> str:
     """Run a suite (in ``jobs`` processes, or as Ray tasks: ``executor``,
-    ``protofl/executor.py``) and write ``OUT/table.md``, the curves and ``OUT/report.html``."""
+    ``protofl/executor.py``) and write ``OUT/table.md``, the curves and ``OUT/report.html``;
+    ``added``: algorithms run as rows of their own (:func:`plan`)."""
     from protofl.config import config_from_dict
     from protofl.errors import ProtoflError
     from protofl.report.compare import compare
     from protofl.report.html import write_html
     from protofl.report.sections import sections
 
-    work = plan(name, out, seeds, overrides)
+    work = plan(name, out, seeds, overrides, added)
     for raw, _ in work:
         config_from_dict(raw)  # every config checked before anything runs
     skipped = not_run(name, overrides)

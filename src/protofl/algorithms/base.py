@@ -1,13 +1,12 @@
 """What every federated algorithm is: a client part and a server part, over plain tensors.
 
-An algorithm never schedules anything. The trainers (sequential, vectorized, Flower) and the
-round loop call the same functions::
+An algorithm never schedules anything. The trainers (sequential, vectorized, compiled,
+parallel, Flower) and the round loop call the same hooks (``algorithms/contract.py``)::
 
     broadcast = alg.broadcast(state)                                    # server -> client
-    ctx  = alg.client_begin(model, broadcast, client_state, x, y)       # before local training
+    ctx = alg.client_begin(c)               # c: ClientRound (round, client, broadcast, x, y, ...)
     loss, stats = alg.loss_and_stats(model, params, buffers, x, y, w, ctx)  # vmap-able
-    upload, client_state = alg.client_end(model, params, buffers, broadcast, ctx,
-                                          client_state, x, y[, stats=last_pass_sums])
+    upload, client_state = alg.client_end(t)   # t: TrainedClient (c + params, buffers, ctx, stats)
     state, diagnostics = alg.aggregate(state, uploads, round)           # client -> server
 
 ``params``/``buffers`` are name -> tensor dicts of the model; ``w`` weights each sample (1 for
@@ -28,7 +27,7 @@ one round, two clients)::
 
     alg = make_algorithm("fedavg", {}, model, num_classes=10)
     state = alg.init_state(alg.model)
-    # ...each client trains from alg.broadcast(state) and returns alg.client_end(...)[0]
+    # ...each client trains from alg.broadcast(state) and returns alg.client_end(t)[0]
     state, diagnostics = alg.aggregate(state, [upload_a, upload_b], round=1)
 """
 
@@ -45,13 +44,12 @@ from torch.func import functional_call
 from protofl import device as devices
 from protofl import tasks
 from protofl.algorithms import prototype_math
+from protofl.algorithms.contract import CONTRACT, ClientRound, Tensors, TrainedClient
 from protofl.config import build
 from protofl.data.pipeline import ClientPipeline
 from protofl.errors import ProtoflError
 from protofl.models.nets import ProtoNet
 from protofl.nested import flatten
-
-Tensors = dict[str, Any]  # nested dict of tensors
 
 
 class Weights(TypedDict):
@@ -156,6 +154,11 @@ def class_prototypes(model: ProtoNet, params: Tensors, buffers: Tensors, x: torc
     return sums / counts.clamp_min(1).unsqueeze(1), counts
 
 
+def sample_count(y: torch.Tensor) -> torch.Tensor:
+    """n_k as an upload entry: a float64 scalar."""
+    return torch.tensor(float(len(y)), dtype=torch.float64)
+
+
 def weighted_mean(values: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (values * w).sum() / w.sum().clamp_min(1.0)
 
@@ -184,6 +187,7 @@ class Algorithm:
     """Base: FedAvg's behaviour everywhere; subclasses override what differs."""
 
     name: ClassVar[str] = "base"
+    contract: ClassVar[int] = CONTRACT  # the hook contract it is written for (contract.py)
     description: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions  # a dataclass of declared options (config.option)
     # the paper's settings of `clients.*` keys, used where the config leaves them null, and
@@ -273,8 +277,7 @@ class Algorithm:
         return self.global_weights(state)
 
     # ---- client side ----
-    def client_begin(self, model: ProtoNet, broadcast: Tensors, client_state: Tensors,
-                     x: torch.Tensor, y: torch.Tensor) -> Tensors:
+    def client_begin(self, c: ClientRound) -> Tensors:
         """Per-client constants for the loss (a pytree of tensors)."""
         return {}
 
@@ -297,18 +300,16 @@ class Algorithm:
         Statistics are a dict of tensors, each a sum over the batch's rows weighted by ``w``
         (padding rows count 0), so they add up across batches. The trainers sum them over
         the client's last pass (the last local epoch; with ``local_steps`` the last
-        ``ceil(epoch length / batch size)`` steps) and pass the sums to ``client_end`` as
-        ``stats=``: an algorithm that returns statistics accepts that keyword. Default: the
-        loss and no statistics."""
+        ``ceil(epoch length / batch size)`` steps) and give the sums to ``client_end`` as
+        ``TrainedClient.stats``. Default: the loss and no statistics."""
         return self.loss(model, params, buffers, x, y, w, ctx), {}
 
-    def client_end(self, model: ProtoNet, params: Tensors, buffers: Tensors, broadcast: Tensors,
-                   ctx: Tensors, client_state: Tensors, x: torch.Tensor, y: torch.Tensor
-                   ) -> tuple[Tensors, Tensors]:
-        """The upload and the client's new persistent state."""
-        upload: WeightsUpload = {"params": params, "buffers": buffers,
-                                 "num_samples": torch.tensor(float(len(y)), dtype=torch.float64)}
-        return dict(upload), client_state
+    def client_end(self, t: TrainedClient) -> tuple[Tensors, Tensors]:
+        """The upload and the client's new persistent state (FedAvg: the trained weights and
+        the sample count; the state unchanged)."""
+        upload: WeightsUpload = {"params": t.params, "buffers": t.buffers,
+                                 "num_samples": sample_count(t.y)}
+        return dict(upload), t.state
 
     # ---- what the rest of protofl may know of an upload ----
     def upload_spec(self) -> dict[str, UploadEntry]:

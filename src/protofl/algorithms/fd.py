@@ -35,6 +35,7 @@ from protofl.algorithms.base import (
     UploadEntry,
     Weights,
     forward,
+    sample_count,
     split_state,
     weighted_mean,
 )
@@ -109,8 +110,8 @@ class FD(Personalized, Sums, Algorithm):
         return new, {"classes": holds.sum(0).tolist()}
 
     # ---- client ----
-    def client_begin(self, model, broadcast, client_state, x, y):
-        return {"logits": broadcast["logits"], "present": broadcast["present"]}
+    def client_begin(self, c):
+        return {"logits": c.broadcast["logits"], "present": c.broadcast["present"]}
 
     def distill_term(self, logits: torch.Tensor, y: torch.Tensor, ctx) -> torch.Tensor:
         """Per-sample distillation term against the global logits of ``ctx``."""
@@ -133,16 +134,15 @@ class FD(Personalized, Sums, Algorithm):
             return loss, {}
         return loss, pass_sums(logits, y, w, self.num_classes)
 
-    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y,
-                   stats=None):
+    def client_end(self, t):
         if self.opts.logit_pass == "training":
-            logits, counts = pass_means(self.name, "logit_pass", stats)
+            logits, counts = pass_means(self.name, "logit_pass", t.stats)
         else:
             logits, counts = prototype_math.class_means(
-                all_logits(model, params, buffers, x).to(torch.float32), y, self.num_classes)
-        up = {"logits": logits, "counts": counts,
-              "num_samples": torch.tensor(float(len(y)), dtype=torch.float64)}
-        own: Weights = {"params": params, "buffers": buffers}
+                all_logits(t.model, t.params, t.buffers, t.x).to(torch.float32), t.y,
+                self.num_classes)
+        up = {"logits": logits, "counts": counts, "num_samples": sample_count(t.y)}
+        own: Weights = {"params": t.params, "buffers": t.buffers}
         return up, dict(own)
 
     def upload_spec(self):

@@ -42,8 +42,8 @@ class FedProx(Sums, Algorithm):
                               "dataset, so none is set)")
     tasks = TASKS
 
-    def client_begin(self, model, broadcast, client_state, x, y) -> ProxContext:
-        return {"anchor": broadcast["params"]}
+    def client_begin(self, c) -> ProxContext:
+        return {"anchor": c.broadcast["params"]}
 
     def loss(self, model, params, buffers, x, y, w, ctx):
         return super().loss(model, params, buffers, x, y, w, ctx) + 0.5 * self.opts.mu * (

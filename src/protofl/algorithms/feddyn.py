@@ -51,22 +51,21 @@ class FedDyn(Algorithm):
         state["h"] = {k: torch.zeros_like(v) for k, v in state["params"].items()}
         return state
 
-    def client_begin(self, model, broadcast, client_state, x, y):
-        grad = client_state.get("grad") or {
-            k: torch.zeros_like(v) for k, v in broadcast["params"].items()}
-        return {"anchor": broadcast["params"], "grad": grad}
+    def client_begin(self, c):
+        grad = c.state.get("grad") or {
+            k: torch.zeros_like(v) for k, v in c.broadcast["params"].items()}
+        return {"anchor": c.broadcast["params"], "grad": grad}
 
     def loss(self, model, params, buffers, x, y, w, ctx):
         return (super().loss(model, params, buffers, x, y, w, ctx)
                 - linear_term(ctx["grad"], params)
                 + 0.5 * self.opts.alpha * proximal_term(params, ctx["anchor"]))
 
-    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y):
-        upload, _ = super().client_end(model, params, buffers, broadcast, ctx, client_state,
-                                       x, y)
+    def client_end(self, t):
+        upload, _ = super().client_end(t)
         a = self.opts.alpha
-        grad = {k: ctx["grad"][k] - a * (params[k] - ctx["anchor"][k]) for k in params}
-        return upload, {**client_state, "grad": grad}
+        grad = {k: t.ctx["grad"][k] - a * (t.params[k] - t.ctx["anchor"][k]) for k in t.params}
+        return upload, {**t.state, "grad": grad}
 
     def aggregate(self, state, uploads, round):
         if self.federation is None:

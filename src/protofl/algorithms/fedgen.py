@@ -295,8 +295,8 @@ class FedGen(LGFedAvg):
         return new, diag
 
     # ---- client ----
-    def client_begin(self, model, broadcast, client_state, x, y):
-        return {k: broadcast[k] for k in ("bank", "label_probs", "alpha", "beta")}
+    def client_begin(self, c):
+        return {k: c.broadcast[k] for k in ("bank", "label_probs", "alpha", "beta")}
 
     def loss(self, model, params, buffers, x, y, w, ctx):
         _, logits = forward(model, params, buffers, x)
@@ -314,9 +314,9 @@ class FedGen(LGFedAvg):
         return (weighted_mean(ce + ctx["beta"] * kl, w)
                 + ctx["alpha"] * (ctx["label_probs"].to(gen_ce.dtype) * gen_ce).sum())
 
-    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y):
-        up, own = super().client_end(model, params, buffers, broadcast, ctx, client_state, x, y)
-        up["counts"] = torch.bincount(y.reshape(-1).long(),
+    def client_end(self, t):
+        up, own = super().client_end(t)
+        up["counts"] = torch.bincount(t.y.reshape(-1).long(),
                                       minlength=self.num_classes).to(torch.float32)
         return up, own
 

@@ -33,6 +33,7 @@ from protofl.algorithms.base import (
     UploadEntry,
     Weights,
     class_prototypes,
+    sample_count,
     split_state,
 )
 from protofl.algorithms.capabilities import Prototypes, Sums
@@ -105,11 +106,12 @@ class FedGH(GlobalHead, Prototypes, Sums, Algorithm):
         diag["server_loss"] = [history[0], history[-1]]
         return new, diag
 
-    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y):
-        protos, counts = class_prototypes(model, params, buffers, x, y, self.num_classes)
+    def client_end(self, t):
+        protos, counts = class_prototypes(t.model, t.params, t.buffers, t.x, t.y,
+                                          self.num_classes)
         up = {"protos": protos.to(torch.float32), "counts": counts.to(torch.float32),
-              "num_samples": torch.tensor(float(len(y)), dtype=torch.float64)}
-        own: Weights = {"params": params, "buffers": buffers}
+              "num_samples": sample_count(t.y)}
+        own: Weights = {"params": t.params, "buffers": t.buffers}
         return up, dict(own)
 
     def upload_spec(self):

@@ -57,6 +57,7 @@ from torch.func import functional_call
 from protofl.algorithms.base import (
     Tensors,
     Weights,
+    sample_count,
     sample_weights,
     weighted_average,
     weighted_mean,
@@ -229,17 +230,16 @@ class FedKD(LGFedAvg):
                                                    {"with_mentee": True}, strict=False)
         return mutual_distillation(logits, logits_s, z, h_s, y, w, self.opts.kl)
 
-    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y):
-        mentee = {k: v.detach() for k, v in head_of(params, self.shared).items()}
-        e, conv = float(broadcast["energy"]), self.opts.svd_conv
+    def client_end(self, t):
+        mentee = {k: v.detach() for k, v in head_of(t.params, self.shared).items()}
+        e, conv = float(t.broadcast["energy"]), self.opts.svd_conv
         if self.opts.svd == "update":
-            base = {k: broadcast[self.key][k].to(v.device, v.dtype) for k, v in mentee.items()}
+            base = {k: t.broadcast[self.key][k].to(v.device, v.dtype) for k, v in mentee.items()}
             delta, _ = compress({k: v - base[k] for k, v in mentee.items()}, e, conv)
             mentee = {k: base[k] + delta[k] for k in mentee}
         elif self.opts.svd == "weights":
             mentee, _ = compress(mentee, e, conv)
-        up = {self.key: mentee,
-              "num_samples": torch.tensor(float(len(y)), dtype=torch.float64)}
-        own: Weights = {"params": params, "buffers": buffers}
+        up = {self.key: mentee, "num_samples": sample_count(t.y)}
+        own: Weights = {"params": t.params, "buffers": t.buffers}
         return up, dict(own)
 

@@ -149,22 +149,21 @@ class FedMargin(Prototypes, Sums, Algorithm):
             out["reference"] = self.reference_classes(state).to(state["protos"].dtype)
         return out
 
-    def client_begin(self, model, broadcast, client_state, x, y):
-        before, _ = class_prototypes(model, broadcast["params"], broadcast["buffers"], x, y,
-                                     self.num_classes)
+    def client_begin(self, c):
+        before, _ = class_prototypes(c.model, c.broadcast["params"], c.broadcast["buffers"],
+                                     c.x, c.y, self.num_classes)
         return {"protos_before": before}
 
-    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y):
-        up, client_state = super().client_end(model, params, buffers, broadcast, ctx,
-                                              client_state, x, y)
-        up["protos"], up["counts"] = class_prototypes(model, params, buffers, x, y,
+    def client_end(self, t):
+        up, client_state = super().client_end(t)
+        up["protos"], up["counts"] = class_prototypes(t.model, t.params, t.buffers, t.x, t.y,
                                                       self.num_classes)
         if self.client_scores:
-            lpm, apm = self.scores_of(up["protos"], ctx["protos_before"], up["counts"],
-                                      broadcast["protos"], broadcast["reference"] > 0)
+            lpm, apm = self.scores_of(up["protos"], t.ctx["protos_before"], up["counts"],
+                                      t.broadcast["protos"], t.broadcast["reference"] > 0)
             up["attention"] = raw_attention(lpm, apm, self.opts)
         else:
-            up["protos_before"] = ctx["protos_before"]
+            up["protos_before"] = t.ctx["protos_before"]
         return up, client_state
 
     def scores_of(self, protos: torch.Tensor, before: torch.Tensor, counts: torch.Tensor,

@@ -153,8 +153,8 @@ class FedPLVM(Algorithm):
         diag["global_prototypes"] = mask.sum(1).tolist()
         return new, diag
 
-    def client_begin(self, model, broadcast, client_state, x, y):
-        protos, mask = broadcast["global_protos"], broadcast["global_mask"]
+    def client_begin(self, c):
+        protos, mask = c.broadcast["global_protos"], c.broadcast["global_mask"]
         return {"protos": protos, "mask": mask, "mean": masked_mean(protos, mask),
                 "has": (mask > 0).any(1).to(protos.dtype)}
 
@@ -166,13 +166,12 @@ class FedPLVM(Algorithm):
             z, y, ctx["mean"], ctx["has"])
         return weighted_mean(ce + opts.lam * reg, w)
 
-    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y):
-        up, client_state = super().client_end(model, params, buffers, broadcast, ctx,
-                                              client_state, x, y)
-        z = features(model, params, buffers, x)
+    def client_end(self, t):
+        up, client_state = super().client_end(t)
+        z = features(t.model, t.params, t.buffers, t.x)
         up["local_protos"], up["local_mask"] = cluster_classes(
-            z, y, self.num_classes, self.opts.max_local, self.opts.level)
-        up["counts"] = torch.bincount(y, minlength=self.num_classes).to(z.dtype)
+            z, t.y, self.num_classes, self.opts.max_local, self.opts.level)
+        up["counts"] = torch.bincount(t.y, minlength=self.num_classes).to(z.dtype)
         return up, client_state
 
     def upload_spec(self):

@@ -231,8 +231,9 @@ class FedProIn(Sums, Algorithm):
         return spec
 
     # ---- client ----
-    def client_begin(self, model, broadcast, client_state, x, y) -> ProInContext:
-        prev = client_state.get("prev_prototypes")
+    def client_begin(self, c) -> ProInContext:
+        broadcast = c.broadcast
+        prev = c.state.get("prev_prototypes")
         has_prev = prev is not None
         return {
             "global_params": {k: v.detach() for k, v in broadcast["params"].items()},
@@ -282,19 +283,18 @@ class FedProIn(Sums, Algorithm):
             total = total + opts.lambda_pc * ctx["has_prev"].to(pc.dtype) * pc
         return total, dist
 
-    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y,
-                   stats=None):
-        """The upload; ``stats["influence"]`` are the last epoch's counts (summed by the
+    def client_end(self, t):
+        """The upload; ``t.stats["influence"]`` are the last epoch's counts (summed by the
         trainer), or with ``influence: final`` the counts are taken here."""
-        up, _ = super().client_end(model, params, buffers, broadcast, ctx, client_state, x, y)
-        protos = params["prototypes"].detach()
+        up, _ = super().client_end(t)
+        protos = t.params["prototypes"].detach()
         if self.opts.influence == "last_epoch":
-            if not stats or "influence" not in stats:
+            if "influence" not in t.stats:
                 raise ProtoflError("fedproin: influence: last_epoch needs the trainer's "
-                                   "last-epoch counts (client_end(..., stats=...))")
-            up["influence"] = stats["influence"].to(protos.dtype)
+                                   "last-epoch counts (TrainedClient.stats)")
+            up["influence"] = t.stats["influence"].to(protos.dtype)
         else:
-            z = features(model, params, buffers, x)
+            z = features(t.model, t.params, t.buffers, t.x)
             up["influence"] = prototype_math.nearest_prototype_counts(z.to(protos.dtype),
                                                                       protos)
         state: ProInClientState = {"prev_prototypes": protos.clone()}

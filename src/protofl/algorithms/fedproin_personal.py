@@ -17,6 +17,8 @@ State: ``init`` (the common initial weights; per model in a heterogeneous federa
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from protofl.algorithms.base import UploadEntry, sample_weights, split_state
@@ -39,17 +41,14 @@ class PersonalFedProIn(Personalized, Prototypes, FedProIn):
         return {"params": {**own["params"], "prototypes": broadcast["prototypes"]},
                 "buffers": own["buffers"]}
 
-    def client_begin(self, model, broadcast, client_state, x, y):
-        return super().client_begin(model, self.local_start(broadcast, client_state),
-                                    client_state, x, y)
+    def client_begin(self, c):
+        return super().client_begin(replace(c, broadcast=self.local_start(c.broadcast, c.state)))
 
-    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y,
-                   stats=None):
-        up, state = super().client_end(model, params, buffers, broadcast, ctx, client_state,
-                                       x, y, stats=stats)
+    def client_end(self, t):
+        up, state = super().client_end(t)
         upload = {"params": {"prototypes": up["params"]["prototypes"].detach()},
                   "influence": up["influence"], "num_samples": up["num_samples"]}
-        return upload, {**state, "params": params, "buffers": buffers}
+        return upload, {**state, "params": t.params, "buffers": t.buffers}
 
     def aggregate(self, state, uploads, round):
         protos = torch.stack([u["params"]["prototypes"] for u in uploads])

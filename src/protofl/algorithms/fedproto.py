@@ -32,10 +32,12 @@ from protofl.algorithms.base import (
     Weights,
     class_prototypes,
     forward,
+    sample_count,
     split_state,
     weighted_mean,
 )
 from protofl.algorithms.capabilities import Personalized, Prototypes, Sums
+from protofl.algorithms.contract import TrainedClient
 from protofl.config import option
 from protofl.errors import ProtoflError
 
@@ -88,14 +90,13 @@ def pass_sums(z: torch.Tensor, y: torch.Tensor, w: torch.Tensor, num_classes: in
     return {"proto_sums": onehot.T @ z.detach(), "proto_counts": onehot.sum(0)}
 
 
-def client_prototypes(alg: Algorithm, model, params, buffers, x: torch.Tensor, y: torch.Tensor,
-                      stats: dict | None) -> tuple[torch.Tensor, torch.Tensor]:
+def client_prototypes(alg: Algorithm, t: TrainedClient) -> tuple[torch.Tensor, torch.Tensor]:
     """A client's class prototypes ``(C, d)`` and counts ``(C,)`` as ``alg.opts.proto_pass``
     says: the trained model's class means over its data (``after``), or the last pass's sums
-    ``stats`` of :func:`pass_sums` (``training``)."""
+    ``t.stats`` of :func:`pass_sums` (``training``)."""
     if alg.opts.proto_pass == "training":
-        return pass_means(alg.name, "proto_pass", stats)
-    return class_prototypes(model, params, buffers, x, y, alg.num_classes)
+        return pass_means(alg.name, "proto_pass", t.stats)
+    return class_prototypes(t.model, t.params, t.buffers, t.x, t.y, alg.num_classes)
 
 
 def pass_means(name: str, option: str, stats: dict | None
@@ -104,7 +105,7 @@ def pass_means(name: str, option: str, stats: dict | None
     (float32); one line naming algorithm ``name``'s ``option`` without them."""
     if not stats or "proto_sums" not in stats:
         raise ProtoflError(f"{name}: {option}: training needs the trainer's last-pass sums "
-                           "(client_end(..., stats=...))")
+                           "(TrainedClient.stats)")
     counts = stats["proto_counts"].to(torch.float32)
     return (stats["proto_sums"] / stats["proto_counts"].clamp_min(1).unsqueeze(1)
             ).to(torch.float32), counts
@@ -144,8 +145,8 @@ class FedProto(Personalized, Prototypes, Sums, Algorithm):
         return new, {"classes": holds.sum(0).tolist()}
 
     # ---- client ----
-    def client_begin(self, model, broadcast, client_state, x, y):
-        return {"protos": broadcast["protos"], "present": broadcast["present"]}
+    def client_begin(self, c):
+        return {"protos": c.broadcast["protos"], "present": c.broadcast["present"]}
 
     def loss(self, model, params, buffers, x, y, w, ctx):
         return self.loss_and_features(model, params, buffers, x, y, w, ctx)[0]
@@ -164,12 +165,11 @@ class FedProto(Personalized, Prototypes, Sums, Algorithm):
             return loss, {}
         return loss, pass_sums(z, y, w, self.num_classes)
 
-    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y,
-                   stats=None):
-        protos, counts = client_prototypes(self, model, params, buffers, x, y, stats)
+    def client_end(self, t):
+        protos, counts = client_prototypes(self, t)
         up: FedProtoUpload = {"protos": protos, "counts": counts,
-                              "num_samples": torch.tensor(float(len(y)), dtype=torch.float64)}
-        own: Weights = {"params": params, "buffers": buffers}
+                              "num_samples": sample_count(t.y)}
+        own: Weights = {"params": t.params, "buffers": t.buffers}
         return dict(up), dict(own)
 
     def upload_spec(self):

@@ -35,7 +35,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from protofl.algorithms.base import Algorithm, UploadEntry, forward, split_state, weighted_mean
+from protofl.algorithms.base import (
+    Algorithm,
+    UploadEntry,
+    forward,
+    sample_count,
+    split_state,
+    weighted_mean,
+)
 from protofl.algorithms.capabilities import Personalized, Prototypes
 from protofl.algorithms.fedplvm import ABSENT, cluster_means, masked_mean
 from protofl.algorithms.fedproto import (
@@ -125,8 +132,8 @@ class FPL(Prototypes, Algorithm):
         return new, diag
 
     # ---- client ----
-    def client_begin(self, model, broadcast, client_state, x, y):
-        protos, mask = broadcast["cluster_protos"], broadcast["cluster_mask"]
+    def client_begin(self, c):
+        protos, mask = c.broadcast["cluster_protos"], c.broadcast["cluster_mask"]
         return {"protos": protos, "mask": mask, "unbiased": masked_mean(protos, mask),
                 "has": (mask > 0).any(1).to(protos.dtype)}
 
@@ -147,11 +154,9 @@ class FPL(Prototypes, Algorithm):
             return loss, {}
         return loss, pass_sums(z, y, w, self.num_classes)
 
-    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y,
-                   stats=None):
-        up, client_state = super().client_end(model, params, buffers, broadcast, ctx,
-                                              client_state, x, y)
-        up["protos"], up["counts"] = client_prototypes(self, model, params, buffers, x, y, stats)
+    def client_end(self, t):
+        up, client_state = super().client_end(t)
+        up["protos"], up["counts"] = client_prototypes(self, t)
         return up, client_state
 
     def upload_spec(self):
@@ -180,12 +185,10 @@ class PersonalFPL(Personalized, FPL):
         new["cluster_protos"], new["cluster_mask"] = self.cluster(state, uploads)
         return new, {"cluster_prototypes": new["cluster_mask"].sum(1).tolist()}
 
-    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y,
-                   stats=None):
-        protos, counts = client_prototypes(self, model, params, buffers, x, y, stats)
-        up = {"protos": protos, "counts": counts,
-              "num_samples": torch.tensor(float(len(y)), dtype=torch.float64)}
-        return up, {"params": params, "buffers": buffers}
+    def client_end(self, t):
+        protos, counts = client_prototypes(self, t)
+        up = {"protos": protos, "counts": counts, "num_samples": sample_count(t.y)}
+        return up, {"params": t.params, "buffers": t.buffers}
 
     def upload_spec(self):
         return {"protos": UploadEntry((self.num_classes, self.model.feature_dim)),

@@ -25,13 +25,12 @@ import copy
 from collections.abc import Callable
 from typing import ClassVar
 
-import torch
-
 from protofl.algorithms.base import (
     Algorithm,
     Tensors,
     UploadEntry,
     Weights,
+    sample_count,
     sample_weights,
     split_state,
     weighted_average,
@@ -107,10 +106,10 @@ class LGFedAvg(GlobalHead, Sums, Algorithm):
         new[self.key] = weighted_average([u[self.key] for u in uploads], a)
         return new, {"weights": a.tolist()}
 
-    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y):
-        up = {self.key: {k: v.detach() for k, v in head_of(params, self.shared).items()},
-              "num_samples": torch.tensor(float(len(y)), dtype=torch.float64)}
-        own: Weights = {"params": params, "buffers": buffers}
+    def client_end(self, t):
+        up = {self.key: {k: v.detach() for k, v in head_of(t.params, self.shared).items()},
+              "num_samples": sample_count(t.y)}
+        own: Weights = {"params": t.params, "buffers": t.buffers}
         return up, dict(own)
 
     def upload_spec(self):

@@ -137,9 +137,9 @@ class Moon(Sums, Algorithm):
         return self.wrapped(model, MoonNet,
                             lambda m: MoonNet(m, self.num_classes, self.opts.proj_dim))
 
-    def client_begin(self, model, broadcast, client_state, x, y) -> MoonContext:
-        prev = client_state.get("prev", broadcast)
-        return {"global_model": copy_weights(broadcast), "prev": copy_weights(prev)}
+    def client_begin(self, c) -> MoonContext:
+        prev = c.state.get("prev", c.broadcast)
+        return {"global_model": copy_weights(c.broadcast), "prev": copy_weights(prev)}
 
     def loss(self, model, params, buffers, x, y, w, ctx):
         h, logits = projected(model, params, buffers, x)
@@ -151,7 +151,7 @@ class Moon(Sums, Algorithm):
         con = contrastive_term(h, h_global, h_prev, self.opts.tau)
         return weighted_mean(ce + self.opts.mu * con, w)
 
-    def client_end(self, model, params, buffers, broadcast, ctx, client_state, x, y):
-        up, _ = super().client_end(model, params, buffers, broadcast, ctx, client_state, x, y)
-        state: MoonClientState = {"prev": {"params": params, "buffers": buffers}}
+    def client_end(self, t):
+        up, _ = super().client_end(t)
+        state: MoonClientState = {"prev": {"params": t.params, "buffers": t.buffers}}
         return up, dict(state)

@@ -1,11 +1,14 @@
-"""Algorithms by name (``pgfl`` is an alias of ``fedmargin``)."""
+"""Algorithms by name (``pgfl`` is an alias of ``fedmargin``), installed entry point
+(``protofl.algorithms``) or import path (``package.module:Class``; ``protofl/plugins.py``)."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
+from protofl import plugins
 from protofl.algorithms.base import Algorithm, FederationInfo
+from protofl.algorithms.contract import CONTRACT
 from protofl.errors import ProtoflError
 from protofl.models.nets import ProtoNet
 
@@ -48,15 +51,36 @@ def heterogeneous_variant(name: str) -> type[Algorithm] | None:
     return getattr(importlib.import_module(module), cls)
 
 
+def algorithm_names() -> list[str]:
+    """The built-in algorithms, then those installed packages declare."""
+    return plugins.names("algorithm", ALGORITHMS)
+
+
 def algorithm_class(name: str) -> type[Algorithm]:
+    """The class (or factory) algorithm ``name`` stands for, checked against the contract."""
     name = ALIASES.get(name, name)
-    if name not in ALGORITHMS:
-        allowed = ", ".join([*ALGORITHMS, *ALIASES])
-        raise ProtoflError(f"unknown algorithm {name!r}; allowed: {allowed}")
-    module, cls = ALGORITHMS[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    obj = plugins.load("algorithm", name, ALGORITHMS)
+    if isinstance(obj, type):
+        check_contract(obj, name)
+    elif not callable(obj):
+        raise ProtoflError(f"algorithm {name!r} is {type(obj).__name__}, not an Algorithm "
+                           "class or a factory of one")
+    return obj
+
+
+def check_contract(cls: type, name: str) -> None:
+    """One line unless ``cls`` is an Algorithm written for this protofl's hook contract."""
+    if not issubclass(cls, Algorithm):
+        raise ProtoflError(f"algorithm {name!r} ({plugins.path_of(cls)}) is not a subclass of "
+                           "protofl.algorithms.base.Algorithm")
+    if getattr(cls, "contract", None) != CONTRACT:
+        raise ProtoflError(f"algorithm {name!r} is written for hook contract "
+                           f"{getattr(cls, 'contract', None)}; this protofl runs contract "
+                           f"{CONTRACT} (docs/architecture.md)")
 
 
 def make_algorithm(name: str, options: dict[str, Any], model: ProtoNet, num_classes: int,
                    federation: FederationInfo | None = None) -> Algorithm:
-    return algorithm_class(name)(options, model, num_classes, federation)
+    alg = algorithm_class(name)(options, model, num_classes, federation)
+    check_contract(type(alg), name)
+    return alg

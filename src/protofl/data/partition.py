@@ -1,9 +1,15 @@
-"""Partitioners: each takes labels and a seeded generator and returns per-client index arrays."""
+"""Partitioners: each takes labels and a seeded generator and returns per-client index arrays.
+
+A plugin scheme (``data.partition`` naming an entry point of ``protofl.partitions`` or an
+import path) is a function ``(y, num_clients, rng, data_config) -> list of index arrays``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
+from protofl import plugins
 from protofl.errors import ProtoflError
 
 
@@ -122,12 +128,58 @@ def partition(y: np.ndarray, scheme: str, num_clients: int, seed: int, *, alpha:
 SCHEMES = ("iid", "classes", "dirichlet", "dirichlet_powerlaw")
 
 
+def plugin_scheme(name: str) -> Callable[..., list[np.ndarray]]:
+    """The function ``(y, num_clients, rng, cfg) -> index arrays`` of partition plugin ``name``
+    (an installed entry point of ``protofl.partitions`` or an import path)."""
+    fn = plugins.load("partition", name, {})
+    if not callable(fn):
+        raise ProtoflError(f"partition {name!r} is a {type(fn).__name__}, not a function "
+                           "(y, num_clients, rng, data_config) -> list of index arrays")
+    return fn
+
+
+def check_scheme(name: str | None) -> None:
+    """One line unless ``name`` (``data.partition``) is a built-in scheme or a plugin's."""
+    if name is not None and name not in SCHEMES:
+        plugin_scheme(name)
+
+
+def validate_parts(parts: object, n: int, num_clients: int, name: str) -> list[np.ndarray]:
+    """``parts`` as a partition of ``n`` rows into ``num_clients`` clients (sorted int64 index
+    arrays, disjoint, each non-empty and within range), else one line naming ``name``."""
+    if not isinstance(parts, (list, tuple)) or len(parts) != num_clients:
+        got = len(parts) if isinstance(parts, (list, tuple)) else type(parts).__name__
+        raise ProtoflError(f"partition {name!r} returned {got} parts for {num_clients} clients")
+    out, seen = [], np.zeros(n, dtype=bool)
+    for k, part in enumerate(parts):
+        idx = np.asarray(part)
+        if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+            raise ProtoflError(f"partition {name!r}: client {k}'s part is not a 1-d array of "
+                               "integer indices")
+        if len(idx) == 0:
+            raise ProtoflError(f"partition {name!r}: client {k} gets no sample")
+        if idx.min() < 0 or idx.max() >= n:
+            raise ProtoflError(f"partition {name!r}: client {k} holds an index outside 0..{n - 1}")
+        if seen[idx].any() or len(np.unique(idx)) != len(idx):
+            raise ProtoflError(f"partition {name!r}: client {k} holds a sample twice or one "
+                               "another client holds")
+        seen[idx] = True
+        out.append(np.sort(idx.astype(np.int64)))
+    return out
+
+
 def config_partition(y: np.ndarray, cfg, scheme: str, clients: int) -> list[np.ndarray]:
     """The partition a ``DataConfig`` asks for: its scheme and client count, or the dataset's
     defaults ``scheme`` and ``clients``; every client gets at least
-    ``max(1, min(10, n / 2K))`` samples."""
+    ``max(1, min(10, n / 2K))`` samples (a plugin's scheme: its own rule, checked)."""
     k = cfg.num_clients or clients
-    return partition(y, cfg.partition or scheme, k, cfg.seed, alpha=cfg.alpha, gamma=cfg.gamma,
+    name = cfg.partition or scheme
+    if name not in SCHEMES:
+        if k < 1 or k > len(y):
+            raise ProtoflError(f"num_clients must be in 1..{len(y)} for this pool, got {k}")
+        parts = plugin_scheme(name)(y, k, np.random.default_rng(cfg.seed), cfg)
+        return validate_parts(parts, len(y), k, name)
+    return partition(y, name, k, cfg.seed, alpha=cfg.alpha, gamma=cfg.gamma,
                      classes=cfg.classes_per_client,
                      min_size=max(1, min(10, len(y) // (2 * max(k, 1)))))
 

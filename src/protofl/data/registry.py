@@ -1,12 +1,17 @@
-"""Every dataset by name, with its paper model and a one-line description."""
+"""Every dataset by name, with its paper model and a one-line description; a plugin dataset
+comes from an installed entry point (``protofl.datasets``) or an import path, and is a
+:class:`DatasetSpec` or a builder function ``(DataConfig) -> FederatedData``."""
 
 from __future__ import annotations
 
 import importlib
 import logging
+import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from protofl import plugins
 from protofl.config import DataConfig
 from protofl.data import cache, store
 from protofl.data.federated import FederatedData
@@ -17,8 +22,11 @@ log = logging.getLogger("protofl")
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    builder: str  # "module:function", the function takes a DataConfig
-    model: str  # the paper's model for it
+    """A dataset: how to build it and what a run of it uses unless the config says otherwise."""
+
+    # the builder ``(DataConfig) -> FederatedData``, or its import path "module:function"
+    builder: str | Callable[[DataConfig], FederatedData]
+    model: str  # the paper's model for it ("": none; the config must name one)
     description: str
     needs_files: bool = True
     partition: str | None = None  # the default partition scheme (None: natural clients)
@@ -158,10 +166,23 @@ def with_task_dataset(raw: dict) -> dict:
     return {**raw, "data": {**(data or {}), "name": task_default_dataset(task)}}
 
 
+def dataset_names() -> list[str]:
+    """The built-in datasets, then those installed packages declare."""
+    return plugins.names("dataset", DATASETS)
+
+
 def dataset_spec(name: str) -> DatasetSpec:
-    if name not in DATASETS:
-        raise ProtoflError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}")
-    return DATASETS[name]
+    """The entry of dataset ``name``: built in, or a plugin's (a builder function alone has
+    no model of its own and needs no files)."""
+    if name in DATASETS:
+        return DATASETS[name]
+    obj = plugins.load("dataset", name, {})
+    if isinstance(obj, DatasetSpec):
+        return obj
+    if callable(obj):
+        return DatasetSpec(obj, "", plugins.describe(obj), needs_files=False)
+    raise ProtoflError(f"dataset {name!r} is a {type(obj).__name__}, not a DatasetSpec or a "
+                       "builder function (DataConfig) -> FederatedData")
 
 
 # datasets read from another one's files (whose download source is named after it)
@@ -203,16 +224,39 @@ def load_dataset(cfg: DataConfig, lean: bool = False) -> FederatedData:
     if spec.needs_files and cfg.name != "hf" and not Path(cfg.root).expanduser().exists():
         raise ProtoflError(f"data.root {cfg.root} (dataset {cfg.name!r}) does not exist"
                            f"{fetch_hint(cfg.name)}")
-    module, func = spec.builder.split(":")
-    builder = getattr(importlib.import_module(module), func)
+    builder = spec.builder
+    if isinstance(builder, str):
+        module, func = builder.split(":")
+        builder = getattr(importlib.import_module(module), func)
+    if name_is_plugin := cfg.name not in DATASETS:
+        builder = checked(builder, cfg.name)
     if not lean:
         return builder(cfg).decoded()
     if not spec.needs_files:
         return builder(cfg)
-    folder = store.cache_home() / f"{cfg.name}-{store.cache_key(asdict(cfg), cfg.root)}"
+    stem = re.sub(r"[^\w.-]", "_", cfg.name) if name_is_plugin else cfg.name
+    folder = store.cache_home() / f"{stem}-{store.cache_key(asdict(cfg), cfg.root)}"
     cached = cache.load_cached(folder)
     if cached is not None:
         return cached
     with store.using(store.Store(cache.building_folder(folder), store.data_budget())) as s:
         data = builder(cfg)
     return cache.publish(s, data, folder) if s.spilled else data
+
+
+def checked(builder: Callable[[DataConfig], FederatedData], name: str
+            ) -> Callable[[DataConfig], FederatedData]:
+    """A plugin's builder whose failures and wrong results are one line naming it."""
+    def build(cfg: DataConfig) -> FederatedData:
+        try:
+            data = builder(cfg)
+        except ProtoflError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the plugin's own failure, in one line
+            raise ProtoflError(f"dataset {name!r} failed to build: {type(e).__name__}: "
+                               f"{e}") from None
+        if not isinstance(data, FederatedData):
+            raise ProtoflError(f"dataset {name!r} built a {type(data).__name__}, not a "
+                               "protofl FederatedData")
+        return data
+    return build

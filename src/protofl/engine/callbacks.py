@@ -30,7 +30,6 @@ and the progress bar (:class:`Progress`) are callbacks; a user adds one from Pyt
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ import numpy as np
 import torch
 
 from protofl import device as devices
+from protofl import plugins
 from protofl.algorithms import capabilities, prototype_math
 from protofl.algorithms.capabilities import personalized
 from protofl.engine import hetero, reference
@@ -378,12 +378,15 @@ class Progress(Callback):
 
 
 def load_callback(path: str) -> Callback:
-    """A callback from its ``module:Class`` import path (built with no arguments)."""
-    module, _, attr = path.partition(":")
+    """A callback from its ``module:Class`` import path or the name of an installed entry point
+    (``protofl.callbacks``), built with no arguments."""
+    if path not in plugins.entry_points("callback") and not plugins.is_path(path):
+        raise ProtoflError(f"config: callbacks: {path!r} is neither an import path "
+                           "package.module:Class nor an installed callback")
     try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ProtoflError(f"config: callbacks: cannot import {path!r} ({e})") from None
+        cls = plugins.load("callback", path, {})
+    except ProtoflError as e:
+        raise ProtoflError(f"config: callbacks: {e}") from None
     if not (isinstance(cls, type) and issubclass(cls, Callback)):
         raise ProtoflError(f"config: callbacks: {path!r} is not a protofl Callback")
     try:

@@ -52,9 +52,10 @@ def variant(name: str) -> type[Algorithm]:
 
 def capable() -> list[str]:
     """The registered algorithms that train heterogeneous models."""
-    from protofl.algorithms.registry import ALGORITHMS, HETEROGENEOUS
+    from protofl.algorithms.registry import HETEROGENEOUS, algorithm_names
 
-    return [n for n in ALGORITHMS if n in HETEROGENEOUS or personalized(algorithm_class(n))]
+    return [n for n in algorithm_names()
+            if n in HETEROGENEOUS or personalized(algorithm_class(n))]
 
 
 def check(cfg: Config) -> None:

@@ -17,16 +17,18 @@ from typing import Any
 
 import torch
 
-from protofl import sizes
-from protofl.algorithms.registry import ALGORITHMS, algorithm_class
+from protofl import plugins, sizes
+from protofl.algorithms.registry import ALGORITHMS, ALIASES, algorithm_class, algorithm_names
 from protofl.config import Config, DataConfig, ModelConfig, build, declared
 from protofl.data.federated import FederatedData
-from protofl.data.registry import DatasetSpec, dataset_spec, dataset_task
+from protofl.data.partition import SCHEMES, check_scheme
+from protofl.data.registry import DATASETS, DatasetSpec, dataset_spec, dataset_task
 from protofl.engine import hetero
 from protofl.engine.schedule import step_budget
-from protofl.engine.trainers import resolve_workers, trainer_class, usable_cores
+from protofl.engine.trainers import TRAINERS, resolve_workers, trainer_class, usable_cores
 from protofl.errors import ProtoflError
-from protofl.models.registry import DEEPLAB_KEYS, build_model, check_model_config
+from protofl.models.families import HEAD_SEP, member_names
+from protofl.models.registry import DEEPLAB_KEYS, MODELS, build_model, check_model_config
 
 SMALL_MODEL = 1_000_000  # parameters: below this, one thread is fastest (no sync overhead)
 
@@ -48,6 +50,7 @@ def resolve_data(data: DataConfig, spec: DatasetSpec | None = None) -> DataConfi
     """The data section with the dataset's own partition and augmentation filled in (what
     ``load_dataset`` reads); ``spec``: the dataset's entry, when the caller has it."""
     spec = spec or dataset_spec(data.name)
+    check_scheme(data.partition)
     return dataclasses.replace(data, partition=data.partition or spec.partition,
                                augment=data.augment or spec.augment)
 
@@ -58,6 +61,9 @@ def resolve_model(cfg: Config, spec: DatasetSpec | None = None) -> ModelConfig:
     is first built, ``meta_algorithm``)."""
     spec = spec or dataset_spec(cfg.data.name)
     name = cfg.model.name if cfg.model.name != "auto" else spec.model
+    if not name:
+        raise ProtoflError(f"dataset {cfg.data.name!r} names no model of its own: set "
+                           "model.name (`protofl models` lists them)")
     model = dataclasses.replace(cfg.model, name=name)
     if name == "deeplabv3plus":
         model = dataclasses.replace(model, **{
@@ -72,7 +78,7 @@ def check_task(cfg: Config, spec: DatasetSpec | None = None) -> str:
     task = dataset_task(cfg.data.name, cfg.task, spec)
     cls = algorithm_class(cfg.algorithm)
     if task not in cls.tasks:
-        fit = [n for n in ALGORITHMS if task in algorithm_class(n).tasks]
+        fit = [n for n in algorithm_names() if task in algorithm_class(n).tasks]
         raise ProtoflError(f"algorithm {cls.name!r} supports {' and '.join(cls.tasks)} only, "
                            f"not {task} ({cfg.data.name}); {task} algorithms: {', '.join(fit)}")
     return task
@@ -149,6 +155,29 @@ def size_source(spec: RunSpec, data: FederatedData, nbytes: int) -> tuple[str, o
             f"{where} ({data.num_classes} classes, inputs {tuple(data.input_shape)})")
 
 
+BUILTIN_ALGORITHMS = {**ALGORITHMS, **{a: ALGORITHMS[n] for a, n in ALIASES.items()}}
+
+
+def plugin_origins(cfg: Config) -> dict[str, dict[str, Any]]:
+    """Where each plugin ``cfg`` names comes from, by config key (``Config.plugins``)."""
+    named = [("algorithm", "algorithm", cfg.algorithm, BUILTIN_ALGORITHMS),
+             ("dataset", "data.name", cfg.data.name, DATASETS),
+             ("trainer", "trainer", cfg.trainer, {"auto": "", **TRAINERS}),
+             ("model", "model.name", cfg.model.name, {"auto": "", **MODELS})]
+    if cfg.data.partition is not None:
+        named.append(("partition", "data.partition", cfg.data.partition,
+                      dict.fromkeys(SCHEMES, "")))
+    named += [("model", f"model.per_client[{i}]", name.partition(HEAD_SEP)[0],
+               dict.fromkeys(member_names(), "")) for i, name in enumerate(cfg.model.per_client)]
+    named += [("callback", f"callbacks[{i}]", name, {}) for i, name in enumerate(cfg.callbacks)]
+    out = {}
+    for kind, key, name, builtins in named:
+        where = plugins.origin(kind, name, builtins)
+        if where is not None:
+            out[key] = where
+    return out
+
+
 def auto_threads(parameters: int) -> int:
     """Torch threads for a run: 1 for small models, whose operations are too short to share
     (more threads only spin, badly so when anything else runs); half the usable cores else."""
@@ -189,13 +218,16 @@ def resolve(cfg: Config, data: FederatedData) -> RunSpec:
                              clients.local_steps, clients.batch_size)
         clients = dataclasses.replace(clients, per_round=1, local_steps=budget, stragglers=0.0)
     spec = RunSpec(**{**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config)},
-                      "algorithm": cls.name, "task": task,
+                      "algorithm": cls.name if cfg.algorithm in BUILTIN_ALGORITHMS else (
+                          cfg.algorithm),
+                      "task": task,
                       "algo": dataclasses.asdict(build(cls.Options, dict(cfg.algo), "algo")),
                       "workers": resolve_workers(cfg.workers),
                       "data": data_cfg, "clients": clients,
                       "model": (cfg.model if hetero.requested(cfg.model) else
                                 resolve_model(cfg, dataset)),
                       "metrics": fill(cfg.metrics, {"save_weights": data_cfg.pooled})})
+    spec = dataclasses.replace(spec, plugins=plugin_origins(spec))
     if spec.threads is not None and not hetero.requested(spec.model):
         return spec
     alg, model = meta_algorithm(spec, data)

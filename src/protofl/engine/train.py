@@ -9,7 +9,7 @@ Flower server sends the jobs to SuperNodes. Every trainer prepares and finishes 
 
 Per-batch statistics: every step calls ``alg.loss_and_stats``; the statistics of the batches of
 the client's last pass (``ClientWork.stats_from`` on; see ``schedule.local_schedule``) are summed
-in float64 and handed to ``client_end`` as ``stats=`` (only when the algorithm returns some).
+in float64 and handed to ``client_end`` as ``TrainedClient.stats``.
 
 Devices: the model, the broadcast and the active clients' states are on ``LocalSetup.device``
 (``placed``); a client's rows move there when it is prepared, and its batch order and
@@ -29,12 +29,13 @@ from torch.utils._pytree import tree_map
 
 from protofl import device as devices
 from protofl.algorithms.base import Algorithm, Tensors
+from protofl.algorithms.contract import ClientRound, TrainedClient
 from protofl.algorithms.optimizers import make_optimizer
 from protofl.data.federated import FederatedData
 from protofl.data.pipeline import Transform, compose
 from protofl.engine import costs
 from protofl.engine.schedule import Job, local_schedule
-from protofl.seeding import AUGMENT, ORDER, torch_gen
+from protofl.seeding import AUGMENT, HOOK, ORDER, torch_gen
 
 
 @dataclass(frozen=True)
@@ -121,14 +122,22 @@ class ClientWork:
     """Everything about one client's round except the training loop itself."""
 
     job: Job
-    x: torch.Tensor  # the client's training inputs (as the model sees them)
-    y: torch.Tensor
-    ctx: Tensors
+    round: ClientRound  # what its hooks see (x, y: its training inputs and labels)
+    ctx: Tensors  # what client_begin returned
     batches: list[torch.Tensor]
     augment_gen: torch.Generator
     class_counts: torch.Tensor  # (C,) its samples per class, for a pipeline transform
     stats_from: int = 0  # first batch whose statistics count (the last pass)
     transform: Transform | None = None  # the data's augmentation, then the algorithm's
+
+    @property
+    def x(self) -> torch.Tensor:
+        """The client's training inputs (as the model sees them)."""
+        return self.round.x
+
+    @property
+    def y(self) -> torch.Tensor:
+        return self.round.y
 
 
 def prepare_client(rc: RoundContext, job: Job) -> ClientWork:
@@ -137,14 +146,19 @@ def prepare_client(rc: RoundContext, job: Job) -> ClientWork:
     alg, setup = rc.alg, rc.setup
     x, y_host = rc.data.client_train(job.client)
     x, y = rc.data.inputs(devices.upload(x, setup.device)), y_host.to(setup.device)
-    ctx = alg.client_begin(alg.model, rc.broadcast, rc.client_state(job.client), x, y)
     order = torch_gen(setup.seed, ORDER, rc.round, job.client)
     batches, last = local_schedule(alg.pipeline.order, y_host, job.units, setup.batch_size,
                                    setup.by_steps, order)
+    c = ClientRound(round=rc.round, client=job.client, model=alg.model, broadcast=rc.broadcast,
+                    state=rc.client_state(job.client), x=x, y=y, lr=setup.lr,
+                    steps=len(batches), batch_size=setup.batch_size, optimizer=setup.optimizer,
+                    momentum=setup.momentum, weight_decay=setup.weight_decay,
+                    generator=torch_gen(setup.seed, HOOK, rc.round, job.client))
+    ctx = alg.client_begin(c)
     transform = compose(setup.augment, alg.pipeline.transform)
     counts = (torch.bincount(y.flatten(), minlength=rc.data.num_classes)[:rc.data.num_classes]
               if transform is not None else torch.empty(0))
-    return ClientWork(job, x, y, ctx, batches, torch_gen(setup.seed, AUGMENT, rc.round, job.client),
+    return ClientWork(job, c, ctx, batches, torch_gen(setup.seed, AUGMENT, rc.round, job.client),
                       counts, len(batches) - last, transform)
 
 
@@ -168,16 +182,12 @@ def transformed(alg: Algorithm, work: ClientWork, x: torch.Tensor, y: torch.Tens
 
 def finish_client(rc: RoundContext, work: ClientWork, params: Tensors, buffers: Tensors,
                   loss: float, stats: Tensors | None = None) -> ClientResult:
-    """The client's upload and new state from its trained weights (and last-pass
-    statistics, passed to ``client_end`` only when there are some)."""
-    model = rc.alg.model
-    params = {k: v.detach() for k, v in params.items()}
-    buffers = {k: v.detach() for k, v in buffers.items()}
-    model.eval()
-    client_state = rc.client_state(work.job.client)
-    extra = {"stats": stats} if stats else {}
-    upload, state = rc.alg.client_end(model, params, buffers, rc.broadcast, work.ctx,
-                                      client_state, work.x, work.y, **extra)
+    """The client's upload and new state from its trained weights and last-pass
+    statistics."""
+    rc.alg.model.eval()
+    upload, state = rc.alg.client_end(TrainedClient(
+        **vars(work.round), params={k: v.detach() for k, v in params.items()},
+        buffers={k: v.detach() for k, v in buffers.items()}, ctx=work.ctx, stats=stats or {}))
     if rc.upload_hook is not None:
         upload = rc.upload_hook(rc, work.job.client, upload)
     return ClientResult(work.job.client, upload, state, loss)

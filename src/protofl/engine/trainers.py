@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from protofl import plugins
 from protofl.engine import costs, hetero
 from protofl.engine.train import ClientResult, RoundContext, Trainer, round_work
 from protofl.errors import ProtoflError
@@ -48,11 +49,20 @@ CHOICES = ("auto", *TRAINERS)
 
 
 def trainer_class(name: str) -> type:
-    if name not in TRAINERS:
+    """The trainer class ``name`` stands for: built in, an installed entry point
+    (``protofl.trainers``) or an import path."""
+    if name in TRAINERS:
+        module, cls = TRAINERS[name].split(":")
+        return getattr(importlib.import_module(module), cls)
+    if name not in plugins.entry_points("trainer") and not plugins.is_path(name):
         raise ProtoflError(f"config: trainer = {name!r} is not a trainer; one of "
-                           f"{', '.join(CHOICES)}")
-    module, cls = TRAINERS[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+                           f"{', '.join(CHOICES)}, or an import path package.module:Class")
+    cls = plugins.load("trainer", name, TRAINERS)
+    missing = [m for m in ("name", "train", "unable", "estimate") if not hasattr(cls, m)]
+    if not isinstance(cls, type) or missing:
+        raise ProtoflError(f"trainer {name!r} is not a trainer class (it lacks "
+                           f"{', '.join(missing) or 'a class'}; docs/architecture.md)")
+    return cls
 
 
 def describe() -> dict[str, str]:

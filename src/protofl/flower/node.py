@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from flwr.common.logger import log
 
+from protofl import plugins
 from protofl.errors import ProtoflError
 from protofl.nested import flatten
 
@@ -98,6 +99,7 @@ def node_config_json(cfg_json: str, node_config: Any) -> str:
     """The run's config as this node builds it (JSON): no server-side callbacks or trackers,
     and this node's own device, threads and evaluation batch."""
     raw = json.loads(cfg_json)
+    plugins.check(raw.get("plugins") or {}, installed_only=True)  # no code the server names
     dropped = [k for k in SERVER_ONLY if raw.get(k)]
     if dropped:
         log(INFO, "protofl: %s run on the server only; not loaded here", ", ".join(dropped))

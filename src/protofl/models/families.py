@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from protofl import plugins
 from protofl.config import ModelConfig
 from protofl.errors import ProtoflError
 from protofl.models.deeplab import ConvNormAct, MobileNetV2Encoder, divisible
@@ -160,16 +161,16 @@ def _cnn(in_shape: tuple[int, ...], num_classes: int, widths: tuple[int, ...], d
 
 def member_names() -> list[str]:
     """Every model name ``model.per_client`` accepts (each also as ``NAME+head:H1-H2``)."""
-    from protofl.models.registry import MODELS
+    from protofl.models.registry import model_names
 
-    return [*CNNS, *MLPS, *MOBILENETS, *(m for m in MODELS if m != "deeplabv3plus")]
+    return [*CNNS, *MLPS, *MOBILENETS, *(m for m in model_names() if m != "deeplabv3plus")]
 
 
 def split_member(name: str) -> tuple[str, tuple[int, ...] | None]:
     """``(model name, hidden widths of its MLP head or None: linear)``; one-line errors for an
     unknown model or a malformed head."""
     base, sep, spec = name.partition(HEAD_SEP)
-    if base not in member_names():
+    if base not in member_names() and not plugins.is_path(base):
         raise ProtoflError(f"config: model.per_client: unknown model {base!r}; allowed: "
                            f"{', '.join(member_names())} (each also as NAME{HEAD_SEP}H1-H2)")
     if not sep:

@@ -1,9 +1,11 @@
-"""Models by name."""
+"""Models by name, installed entry point (``protofl.models``) or import path
+(``package.module:factory``): a factory ``(in_shape, num_classes) -> ProtoNet``."""
 
 from __future__ import annotations
 
 import importlib
 
+from protofl import plugins
 from protofl.config import ModelConfig
 from protofl.errors import ProtoflError
 from protofl.models.deeplab import DEFAULTS
@@ -69,12 +71,39 @@ def _mlp(in_shape, num_classes):
     return Mlp(dim, num_classes)
 
 
+def model_names() -> list[str]:
+    """The built-in models, then those installed packages declare."""
+    return plugins.names("model", MODELS)
+
+
+def plugin_model(name: str, in_shape: tuple[int, ...], num_classes: int, options: dict
+                 ) -> ProtoNet:
+    """A model from a plugin factory ``(in_shape, num_classes) -> ProtoNet``, checked."""
+    if options:
+        raise ProtoflError(f"model {name!r} has no option {', '.join(sorted(options))}")
+    factory = plugins.load("model", name, {k: v[0] for k, v in MODELS.items()})
+    try:
+        model = factory(tuple(in_shape), num_classes)
+    except ProtoflError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the plugin's own failure, in one line
+        raise ProtoflError(f"model {name!r} could not be built for inputs {tuple(in_shape)} "
+                           f"and {num_classes} classes: {type(e).__name__}: {e}") from None
+    if not isinstance(model, ProtoNet):
+        raise ProtoflError(f"model {name!r} built a {type(model).__name__}, not a "
+                           "protofl.models.nets.ProtoNet (encode(x) -> z, head(z) -> logits, "
+                           "feature_dim)")
+    if not isinstance(getattr(model, "feature_dim", None), int):
+        raise ProtoflError(f"model {name!r} has no integer feature_dim (the size of z)")
+    return model
+
+
 def build_model(name: str, in_shape: tuple[int, ...], num_classes: int,
                 cfg: ModelConfig | None = None, **options) -> ProtoNet:
     """The named model; ``options`` are model-specific keywords (deeplabv3plus: ``width``,
     ``output_stride``, ``channels``)."""
     if name not in MODELS:
-        raise ProtoflError(f"unknown model {name!r}; allowed: {', '.join(MODELS)}")
+        return plugin_model(name, in_shape, num_classes, options)
     allowed = SEG_OPTIONS if name == "deeplabv3plus" else ()
     extra = sorted(set(options) - set(allowed))
     if extra:

@@ -1,0 +1,1 @@
+"""An example protofl plugin: FedAvgM, a residual MLP, the wine data and shard partitions."""
