@@ -593,6 +593,8 @@ def test_a_personalised_runs_estimate_by_hand():
     # with 40 rows of features (d = 5) to average into prototypes in the round
     assert sizes.model_bytes(alg, spec, round_extra=800) == 172 + state + own + max(
         train + 800, 3 * (state + own))
+    # a Flower server or node: no other client's model, no checkpoint copies
+    assert sizes.model_bytes(alg, spec, holds_clients=False) == 172 + state + train
 
 
 FAMILY_DIMS = [(f, d) for f in ("htfe-cnn", "htfe-mixed", "htfe-img", "htfe-mlp", "htfe-img-2",

@@ -213,7 +213,7 @@ CHECKPOINT_COPIES = 3  # a checkpoint's tensors are cloned, turned into bytes, t
 
 
 def model_bytes(alg, spec, init_state: Callable[[Any], Any] | None = None,
-                round_extra: int = 0) -> int:
+                round_extra: int = 0, holds_clients: bool = True) -> int:
     """Bytes a (meta-built) algorithm holds at once, at least: its model(s); its server state
     (``init_state(alg)``, default ``alg.init_state(alg.model)``; a heterogeneous run's holds
     each group's initial weights: ``engine.hetero.init_state``);
@@ -222,7 +222,9 @@ def model_bytes(alg, spec, init_state: Callable[[Any], Any] | None = None,
     round's work (one client's training copy: weights, gradients, optimizer state; the
     round's uploads; ``round_extra``, e.g. a client's features for its prototypes) and a
     checkpoint's (``CHECKPOINT_COPIES`` copies of the state and the
-    clients' models while they are encoded)."""
+    clients' models while they are encoded). ``holds_clients`` False (a Flower server or
+    node, where each client's state stays on its node and a node writes no checkpoint):
+    neither the clients' models nor the checkpoint's copies are counted."""
     groups = getattr(alg, "groups", None)
     models = groups.models if groups is not None else [alg.model]
     each = [module_bytes(m)[1] for m in models]
@@ -235,14 +237,14 @@ def model_bytes(alg, spec, init_state: Callable[[Any], Any] | None = None,
     except Exception:  # noqa: BLE001 - an init_state that needs values: the weights, at least
         state, own = held, False
     clients = 0
-    if own:
+    if own and holds_clients:
         trained = min(spec.data.num_clients, spec.rounds * spec.clients.per_round)
         per_client = (each[groups.of(k)] if groups is not None else each[0]
                       for k in range(spec.data.num_clients))
         clients = sum(sorted(per_client)[:trained])
     upload = sum(numel(e.shape) * FLOAT for e in alg.upload_spec().values())
     work = max(train + spec.clients.per_round * upload + round_extra,
-               CHECKPOINT_COPIES * (state + clients))
+               CHECKPOINT_COPIES * (state + clients) if holds_clients else 0)
     return held + state + clients + work
 
 
@@ -258,9 +260,11 @@ def schedule_bytes(rows: int, units: int, batch: int, by_steps: bool) -> int:
 
 
 def run_needs(spec, data, train_data, alg, explain: Callable[[], tuple[str, Any]] | None = None,
-              init_state: Callable[[Any], Any] | None = None) -> list[Need]:
+              init_state: Callable[[Any], Any] | None = None, holds_clients: bool = True
+              ) -> list[Need]:
     """What a resolved run (``spec``) on ``data`` (clients train on ``train_data``) needs at
-    once, with ``alg`` built on the meta device (``init_state``: as ``model_bytes``).
+    once, with ``alg`` built on the meta device (``init_state``, ``holds_clients``: as
+    ``model_bytes``).
     ``explain()`` names the key (and value) the model's size comes from; it is called only
     when that need is the one refused."""
     c, C = spec.clients, data.num_classes
@@ -282,7 +286,8 @@ def run_needs(spec, data, train_data, alg, explain: Callable[[], tuple[str, Any]
                 for m in (groups.models if groups is not None else [alg.model]))
     features = " (with a client's features over its rows, for its prototypes)" if protos else ""
     needs = [
-        Need("model", "", model_bytes(alg, spec, init_state, rows * width * FLOAT * protos),
+        Need("model", "", model_bytes(alg, spec, init_state, rows * width * FLOAT * protos,
+                                     holds_clients),
              f"the model, its server state, the clients' own models, and a round's training"
              f"{features} or a checkpoint's copies", device=True, explain=explain),
         Need(steps_key, units, schedule_bytes(rows, units, c.batch_size, c.local_steps

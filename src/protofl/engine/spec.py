@@ -111,15 +111,16 @@ def _meta_algorithm(spec: Config, data: FederatedData):
 
 
 def check_sizes(spec: RunSpec, data: FederatedData, train_data: FederatedData,
-                device: torch.device | str) -> None:
+                device: torch.device | str, holds_clients: bool = True) -> None:
     """Refuse, with one line naming the key and the bytes, a run whose model, server state,
     uploads, batch schedule, batches or confusion matrix cannot fit the memory of ``device``
     (and the host): sized from its algorithm built on the meta device, before anything is
-    allocated (``protofl/sizes.py``)."""
+    allocated (``protofl/sizes.py``; ``holds_clients``: ``sizes.model_bytes``)."""
     alg, _ = meta_algorithm(spec, data)
     total = sizes.model_bytes(alg, spec, hetero.init_state)
     sizes.check(sizes.run_needs(spec, data, train_data, alg,
-                                lambda: size_source(spec, data, total), hetero.init_state),
+                                lambda: size_source(spec, data, total), hetero.init_state,
+                                holds_clients),
                 device)
 
 

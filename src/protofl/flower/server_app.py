@@ -42,6 +42,7 @@ from protofl.config import Config
 from protofl.data.site import SiteFederation
 from protofl.engine.callbacks import Callback, EarlyStop, TestMetrics, metric_callbacks
 from protofl.engine.experiment import Experiment
+from protofl.engine.federation import build
 from protofl.engine.runfolder import CONFIG, RunStore
 from protofl.errors import ProtoflError
 from protofl.flower.setup import OUT, config_from_run
@@ -136,7 +137,7 @@ def _run_on_grid(cfg: Config, grid: Grid, out: Path | None, round_timeout: float
                for cb in metric_callbacks()]
     store = RunStore(out) if out is not None else None
     # the store prepares the run folder before the trainer's on_run_start logs anything into it
-    exp = Experiment(cfg, trainer=trainer, store=store, callbacks=[
+    exp = Experiment(build(cfg, holds_clients=False), trainer=trainer, store=store, callbacks=[
         *metrics, *folder_callbacks(out, progress=False), trainer, *callbacks])
     if exp.cfg.data.pooled:
         raise ProtoflError(f"flower: {exp.alg.name} trains on the pooled data of every client, "
