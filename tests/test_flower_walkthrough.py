@@ -1,5 +1,6 @@
-"""docs/flower.md's three-site walkthrough, run as written on 127.0.0.1: its code blocks are
-read from the page and executed in order, with only what one test machine must change
+"""The three-site walkthrough (docs/how-to/flower-sites.md), run as written on 127.0.0.1: its
+code blocks are read from the page and executed in order, with only what one test machine
+must change
 (``SUBSTITUTIONS``; three hospitals become three SuperNodes on one host, so each gets its own
 runtime port and folder) and two additions the page describes in prose: each site's
 ``audit-dir``, and a fourth SuperNode whose protofl is another minor version (it must be
@@ -33,7 +34,7 @@ KINDS = ["bash", "bash", "toml", "bash", "bash", "yaml", "bash"]  # the page's b
 
 
 def blocks() -> list[tuple[str, str]]:
-    text = (REPO / "docs" / "flower.md").read_text()
+    text = (REPO / "docs" / "how-to" / "flower-sites.md").read_text()
     section = text.split("## A three-site walkthrough", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```(\w+)\n(.*?)```", section, re.S)
 

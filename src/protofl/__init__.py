@@ -13,6 +13,8 @@ plugin against the contract.
 
 from __future__ import annotations
 
+__version__ = "0.2.0"  # the release: pyproject.toml and CHANGELOG.md name it too (a test checks)
+
 _API = {"run": "protofl.api", "Run": "protofl.api", "run_experiment": "protofl.api",
         "build": "protofl.api", "Federation": "protofl.engine.federation",
         "resolve": "protofl.engine.spec", "RunSpec": "protofl.engine.spec",

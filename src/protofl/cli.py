@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import protofl
 from protofl.config import TASKS
 from protofl.errors import ProtoflError
 
@@ -541,6 +542,7 @@ def listing_parsers(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="protofl", description="Prototype-guided federated learning. " + NAMES_NOTE)
     p.add_argument("-v", "--verbose", action="store_true", help="log more")
+    p.add_argument("--version", action="version", version=f"protofl {protofl.__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run_parsers(sub)
     report_parsers(sub)

@@ -1,10 +1,13 @@
 """The docs' tables, generated from the declarations (``protofl docs`` writes them; a test
-fails when the committed docs are stale): every option of ``docs/configuration.md`` and the
-algorithm table of ``docs/algorithms.md``. A new algorithm, option or paper setting reaches
-the docs by running ``protofl docs``, never by editing a table by hand."""
+fails when the committed docs are stale): every option of ``docs/configuration.md``, the
+algorithm table of ``docs/algorithms.md``, the dataset table of ``docs/reference/index.md``
+and every command's help in ``docs/reference/cli.md``. A new algorithm, option or paper
+setting reaches the docs by running ``protofl docs``, never by editing a table by hand."""
 
 from __future__ import annotations
 
+import argparse
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -78,9 +81,47 @@ def algorithms_markdown(with_plugins: bool = False) -> str:
     return "\n".join(lines) + f"\n\nAliases: {aliases}.\n"
 
 
+def datasets_markdown(with_plugins: bool = False) -> str:
+    """The table of every dataset: its task, what it needs, its model and default split."""
+    from protofl.data.registry import DATASETS, dataset_names, dataset_spec
+
+    lines = ["| name | what it is | task | data | model | default partition |",
+             "|---|---|---|---|---|---|"]
+    for name in dataset_names() if with_plugins else list(DATASETS):
+        spec = dataset_spec(name)
+        where = "files on the Flower sites" if name == "site" else (
+            "`data.root`" if spec.needs_files else "built in")
+        cells = [f"`{name}`", spec.description, spec.task, where, f"`{spec.model or 'model.name'}`",
+                 f"`{spec.partition}`" if spec.partition else "the data's own clients"]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+HELP_WIDTH = 100  # the help's line width in the docs, whatever the terminal
+
+
+def cli_markdown(with_plugins: bool = False) -> str:
+    """``protofl --help`` and every command's ``--help``, as the terminal shows them
+    (``with_plugins`` changes nothing: the commands are protofl's own)."""
+    from protofl.cli import build_parser
+
+    def text(parser: argparse.ArgumentParser) -> str:
+        parser.formatter_class = functools.partial(parser.formatter_class, width=HELP_WIDTH)
+        return parser.format_help().rstrip()
+
+    top = build_parser()
+    commands = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    parts = ["## `protofl`", "", "```text", text(top), "```", ""]
+    for name, parser in commands.choices.items():
+        parts += [f"## `protofl {name}`", "", "```text", text(parser), "```", ""]
+    return "\n".join(parts).rstrip() + "\n"
+
+
 SECTIONS: dict[str, tuple[str, Callable[[bool], str]]] = {
     "options": ("configuration.md", options_markdown),
     "algorithms": ("algorithms.md", algorithms_markdown),
+    "datasets": ("reference/index.md", datasets_markdown),
+    "cli": ("reference/cli.md", cli_markdown),
 }
 
 

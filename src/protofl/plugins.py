@@ -11,9 +11,9 @@ callback (a metric), it also takes
   import path for the config.
 
 Each plugin a run uses is recorded in its ``config.json`` under ``plugins`` with the
-distribution and version it came from (:func:`record`); a resumed run, a suite and a Flower
-node check them (:func:`check`), so a plugin that is missing or of another version stops
-with one line naming its package.
+distribution and version it came from (:func:`origin`); a resumed run and a Flower node check
+them (:func:`check`), so a plugin that is missing or of another version stops with one line
+naming its package.
 """
 
 from __future__ import annotations
@@ -57,10 +57,9 @@ def path_of(obj: Any) -> str:
                        "function, or an object a module holds by name")
 
 
-# the config keys that name plugins, and their kind (a list names one per entry)
-KEYS = {"algorithm": "algorithm", "trainer": "trainer", "data.name": "dataset",
-        "data.partition": "partition", "model.name": "model", "model.per_client": "model",
-        "callbacks": "callback"}
+# the config keys that name plugins (a list names one per entry)
+KEYS = ("algorithm", "trainer", "data.name", "data.partition", "model.name", "model.per_client",
+        "callbacks")
 
 
 def name_objects(raw: dict[str, Any]) -> dict[str, Any]:
@@ -181,15 +180,18 @@ def check(recorded: dict[str, dict[str, Any]], installed_only: bool = False) -> 
     are missing or installed at another version. ``installed_only`` (a Flower site): also
     refuse a plugin that no installed distribution provides (code the server merely names)."""
     for key, rec in recorded.items():
-        dist, version = rec.get("distribution"), rec.get("version")
-        where = f"{key} = {rec.get('entry_point') or rec['path']!r}"
-        if dist is None and rec["path"] in _registered and not installed_only:
+        if not isinstance(rec, dict) or not isinstance(rec.get("path"), str):
+            raise ProtoflError(f"config: plugins.{key} = {rec!r} is not what protofl wrote "
+                               "(a mapping with the plugin's path, package and version)")
+        dist, version, path = rec.get("distribution"), rec.get("version"), rec["path"]
+        where = f"{key} = {rec.get('entry_point') or path!r}"
+        if dist is None and path in _registered and not installed_only:
             continue
         if dist is None:
             if installed_only:
                 raise ProtoflError(f"{where} comes from no installed package; this node runs "
                                    "only plugins installed on it")
-            module = rec["path"].partition(":")[0]
+            module = path.partition(":")[0]
             if module == "__main__" or (module not in sys.modules
                                         and importlib.util.find_spec(module.split(".")[0])
                                         is None):
