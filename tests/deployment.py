@@ -42,8 +42,10 @@ class Deployment:
     their own site folders (each process in its own process group, so it can be killed with
     its ClientApp children). Credentials come from scripts/flower-dev-certs.sh."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, database: bool = False):
         self.root, self.procs = root, {}
+        # with a database the SuperLink keeps its registered nodes and runs across a restart
+        self.database = root / "superlink.db" if database else None
         self.node_ids: list[str] = []  # the SuperLink's node id of each site's key
         self.node_configs: list[str] = []
         self.home = root / "flwr_home"
@@ -82,17 +84,22 @@ class Deployment:
                           "--host", "127.0.0.1", "--port", str(free_port()),
                           "--node-config", node_config], env)
 
-    def up(self, sites: list[Path], old: bool = True, extra: str = "") -> None:
-        """The SuperLink, one registered SuperNode per site folder (``extra``: more node
-        config) and (``old``) a SuperNode of another protofl version."""
+    def superlink(self) -> None:
+        """Start (or restart) the SuperLink and wait until it listens."""
         self.start("superlink", [str(BIN / "flower-superlink"),
                                  "--ssl-ca-certfile", str(self.certs / "ca.crt"),
                                  "--ssl-certfile", str(self.certs / "server.pem"),
                                  "--ssl-keyfile", str(self.certs / "server.key"),
                                  "--enable-supernode-auth",
                                  "--host", "127.0.0.1", "--port", str(self.port),
-                                 "--disable-runtime-dependency-installation"])
+                                 "--disable-runtime-dependency-installation",
+                                 *(["--database", str(self.database)] if self.database else [])])
         wait_for(lambda: self._listening(self.port), 60, "the SuperLink")
+
+    def up(self, sites: list[Path], old: bool = True, extra: str = "") -> None:
+        """The SuperLink, one registered SuperNode per site folder (``extra``: more node
+        config) and (``old``) a SuperNode of another protofl version."""
+        self.superlink()
         for k, site in enumerate(sites):
             out = self.flwr("supernode", "register", str(self.certs / f"supernode_{k + 1}.pub"),
                             "test")
@@ -130,14 +137,25 @@ class Deployment:
     def log(self, name: str) -> str:
         return (self.root / f"{name}.log").read_text(errors="replace")
 
-    def flwr_run(self, cfg: Config, out: Path, round_timeout: float) -> None:
-        """Start ``cfg`` on the federation (the ServerApp writes the run folder ``out``)."""
+    def flwr_run(self, cfg: Config, out: Path, round_timeout: float, extra: str = "") -> int:
+        """Start ``cfg`` on the federation (the ServerApp writes the run folder ``out``;
+        ``extra``: more run config, e.g. ``resume=true``); the run's id."""
         path = out.with_name(out.name + ".json")
         path.write_text(json.dumps(cfg.to_dict()))
         overrides = (f'out="{out}" round-timeout={round_timeout} node-wait=60.0 '
-                     f'num-server-rounds={cfg.rounds} config="{path}" set=""')
+                     f'num-server-rounds={cfg.rounds} config="{path}" set="" {extra}').strip()
         out = self.flwr("run", str(REPO), "test", "--run-config", overrides)
         assert "Successfully started run" in out, out
+        return int(re.search(r"Successfully started run (\d+)", out).group(1))
+
+    def run_status(self, run_id: int) -> str:
+        """The run's status as ``flwr ls`` shows it (e.g. ``finished:completed``)."""
+        listed = json.loads(self.flwr("ls", "test", "--run-id", str(run_id), "--format", "json"))
+        return listed["runs"][0]["status"]
+
+    def run_log(self, run_id: int) -> str:
+        """What ``flwr log`` shows of the run (the ServerApp's streamed output)."""
+        return self.flwr("log", str(run_id), "test", "--show", timeout=60)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         p = self.procs[name]

@@ -31,7 +31,7 @@ LAYERS = [
     {"engine"},
     {"report"},
     {"api", "cli", "suite", "suites", "suites_hetero", "reproduce", "flower", "doctables",
-     "__init__", "__main__", "testing"},
+     "executor", "__init__", "__main__", "testing"},
 ]
 
 

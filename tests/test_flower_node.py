@@ -120,7 +120,9 @@ def test_a_node_imports_no_callback_the_servers_config_names(grid, tmp_path, mon
     g = grid()
     exp = client_app.node_experiment(cfg_json, g.contexts[11])
     assert exp.fed.spec.callbacks == [] and not marker.exists() and EVIL not in sys.modules
-    run_on_grid(cfg, g, tmp_path / "run", node_wait=1)  # every node trains and evaluates
+    # every node refuses the jobs (the plugin is installed on none): min-replies 0 lets the
+    # run go on without them, where the default would stop it at round 1
+    run_on_grid(cfg, g, tmp_path / "run", node_wait=1, min_replies=0)
     assert EVIL in sys.modules  # the server loaded it: it runs there
     marker.unlink()
     monkeypatch.delitem(sys.modules, EVIL)
@@ -224,3 +226,66 @@ def test_a_node_keeps_its_own_device_threads_and_eval_batch(monkeypatch, caplog)
     assert json.loads(node.node_config_json(cfg_json, {}))["device"] == "cuda"
     with pytest.raises(ProtoflError, match="must be integers"):
         node.node_config_json(cfg_json, {"threads": "many"})
+
+
+# ---- what left each site, as `protofl audit` shows it (issue 50) ----
+
+class RecordingGrid(LocalGrid):
+    """Keeps every reply the server pulled, by node."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.received: dict[int, list[Message]] = {}
+
+    def pull_messages(self, ids):
+        got = super().pull_messages(ids)
+        for m in got:
+            self.received.setdefault(m.metadata.src_node_id, []).append(m)
+        return got
+
+
+def received_entries(msg: Message) -> tuple[str, dict]:
+    """What a reply carried, described independently of the node's audit code: each array's
+    shape and dtype, each plain value's type."""
+    from protofl.flower.records import tree_from_records
+    from protofl.nested import flatten
+
+    content = msg.content
+    if "node" in content.config_records:
+        return "query", {k: type(v).__name__ for k, v in content.config_records["node"].items()}
+    prefix = "upload" if any(k.startswith("upload") for k in content.array_records) else "eval"
+    tree = tree_from_records(content, prefix)
+    arrays = {(f"upload.{k}" if prefix == "upload" else k): [list(v.shape),
+                                                           str(v.dtype).split(".")[-1]]
+              for k, v in flatten(tree).items()}
+    if prefix == "eval":
+        return "evaluate", arrays
+    metrics = {k: type(v).__name__ for k, v in content.metric_records["metrics"].items()}
+    return "train", {**arrays, **metrics}
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedproto"])
+def test_the_audit_logs_list_exactly_what_the_server_received(grid, tmp_path, capsys,
+                                                              algorithm):
+    from protofl.cli import main
+    from protofl.flower import audit
+
+    g = grid()
+    g = RecordingGrid(g.contexts)
+    run_on_grid(config_from_dict(tiny(algorithm)), g, tmp_path / "run", node_wait=1)
+    for k in range(CLIENTS):
+        log = tmp_path / f"audit{k}" / f"run5-partition{k}.jsonl"
+        lines = audit.read(log)
+        got = [received_entries(m) for m in g.received[11 + k]]
+        assert [(x["message"], x["entries"]) for x in lines] == got
+        assert {kind for kind, _ in got} == ({"query", "train", "evaluate"}
+                                             if algorithm == "fedproto" else {"query", "train"})
+    assert main(["audit", str(tmp_path / "audit0")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    kinds = "query 1, train 2, evaluate 2" if algorithm == "fedproto" else "query 1, train 2"
+    assert out[0].endswith(f"run5-partition0.jsonl: {len(out) - 1} messages sent ({kinds}); "
+                           "names, shapes and types only, never values")
+    assert " train    round   1: upload." in out[2] and "loss float" in out[2]
+    (tmp_path / "bad.jsonl").write_text('{"message": "train"}\n')
+    assert main(["audit", str(tmp_path / "bad.jsonl")]) == 2
+    assert "bad.jsonl:1 is not an audit line" in capsys.readouterr().err

@@ -166,11 +166,11 @@ def test_jobs_are_split_by_local_steps():
 
 def test_suite_workers_start_no_processes(monkeypatch, tmp_path):
     import protofl.api
-    from protofl import suites
+    from protofl import executor
 
     seen = []
     monkeypatch.setattr(protofl.api, "run_experiment", lambda cfg, *a, **k: seen.append(cfg))
-    suites._one(({"algorithm": "fedavg", "trainer": "auto"}, str(tmp_path), False))
+    executor.run_one(({"algorithm": "fedavg", "trainer": "auto"}, str(tmp_path), False))
     assert [(c.workers, c.threads) for c in seen] == [(1, 1)]
     assert "parallel" not in trainers.make("auto", conv_model(), "cpu", seen[0].workers).trainers
 

@@ -82,8 +82,10 @@ def experiment(cfg: Config, out: str | Path | None, overwrite: bool, progress: b
     """The Experiment of ``cfg``, written to ``out`` (None: nowhere) by its RunStore, with the
     default callbacks, those of a run folder and ``callbacks``."""
     out = Path(out) if out is not None else None
-    exp = runnable(Experiment(cfg, store=None if out is None else RunStore(out, overwrite)),
-                   out)
+    store = None if out is None else RunStore(out, overwrite)
+    if store is not None:
+        store.check_fresh()  # before the data are built and the folder is locked
+    exp = runnable(Experiment(cfg, store=store), out)
     exp.callbacks += [*folder_callbacks(out, progress), *callbacks]
     return exp
 
@@ -96,20 +98,35 @@ def run_experiment(cfg: Config, out: str | Path | None = None, *, overwrite: boo
 
 
 def resume_experiment(out: str | Path, rounds: int | None = None, progress: bool = False,
-                      callbacks: Sequence[Callback] = (), device: str | None = None) -> dict:
+                      callbacks: Sequence[Callback] = (), device: str | None = None,
+                      settings: Sequence[str] = ()) -> dict:
     """Continue a killed run from its last checkpoint; it ends as an uninterrupted run would.
+    The folder is verified first (``RunStore.verify``: a changed or corrupted file is refused).
     ``rounds`` is the run's new total: more than configured extends it, fewer (never below the
     checkpoint's round) ends it sooner, with a warning; ``device`` trains the rest elsewhere
-    (checkpoints are device-independent)."""
+    (checkpoints are device-independent); ``settings`` (``KEY=VALUE``, as ``--set``) change
+    settings from here on. Every change is recorded in the run's history (``manifest.json``)."""
+    from protofl.config import apply_set
+
     store = RunStore(out)
     if not store.is_run():  # before the lock, which would create the folder
         raise ProtoflError(f"{store.out} is not a run folder (no {runfolder.CONFIG}): nothing "
                            "to resume")
     with store.lock():
-        cfg = config_from_dict(store.config())
+        if store.verify() is None:
+            log.warning("%s has no %s (written by protofl 0.1): its files cannot be checked; "
+                        "it gets one now", store.out, runfolder.mf.MANIFEST)
+        raw = store.config()
+        for s in settings:
+            apply_set(raw, s)
+        cfg = config_from_dict(raw)
         plugins.check(cfg.plugins)
         snapshot = store.checkpoint()
         if rounds is not None:
+            done = snapshot.get("round")
+            if isinstance(done, int) and rounds < done:
+                raise ProtoflError(f"--rounds {rounds}: {store.out} has already run {done} "
+                                   f"round{'s' * (done != 1)}; give at least {done}")
             if rounds < cfg.rounds:
                 log.warning("--rounds %d is fewer than the %d configured: the run ends sooner, "
                             "at round %d", rounds, cfg.rounds, rounds)

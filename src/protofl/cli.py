@@ -23,7 +23,9 @@ NAMES_NOTE = ("Two published methods are called 'FedProto': here 'fedmargin' (al
 
 def _path(text: str) -> Path:
     """A path from the command line, ``~`` expanded (no shell expands it inside ``--out=~/x``
-    or a quoted argument)."""
+    or a quoted argument); an empty one is refused."""
+    if not text.strip():
+        raise ProtoflError(f"the path {text!r} is empty: give a folder or file name")
     return Path(text).expanduser()
 
 
@@ -63,19 +65,20 @@ def cmd_run(args) -> int:
     from protofl.report.runs import summary_line
 
     if args.resume:
-        given = [flag for flag in ("config", "algorithm", "dataset", "task", "seed", "set",
+        given = [flag for flag in ("config", "algorithm", "dataset", "task", "seed",
                                    "out", "overwrite", "log", "log_dir")
                  if getattr(args, flag) is not None and getattr(args, flag) is not False]
         if given:
             raise ProtoflError(f"--resume continues a run as it was configured; only --rounds "
-                               f"(its new total) and --device may be given, not "
+                               f"(its new total), --device and --set (a change from here on, "
+                               f"recorded in the run's history) may be given, not "
                                f"--{given[0].replace('_', '-')}")
         out = _path(args.resume)
         summary = resume_experiment(out, args.rounds, progress=not args.quiet,
-                                    device=args.device)
+                                    device=args.device, settings=args.set or ())
     else:
         cfg = _config(args)
-        out = _path(args.out) if args.out else Path("runs") / (
+        out = _path(args.out) if args.out is not None else Path("runs") / (
             f"{cfg.algorithm}_{cfg.data.name}_seed{cfg.seed}_{time.strftime('%Y%m%d-%H%M%S')}")
         summary = run_experiment(cfg, out, overwrite=args.overwrite, progress=not args.quiet)
     print(summary_line(summary, out))
@@ -96,10 +99,25 @@ def _run_folders(paths: list[str]) -> list[Path]:
     return found
 
 
+def cmd_verify(args) -> int:
+    from protofl.engine.runfolder import verify_folders
+
+    lines, code = verify_folders([_path(d) for d in args.dirs])
+    print("\n".join(lines))
+    return code
+
+
+def cmd_audit(args) -> int:
+    from protofl.flower.audit import report
+
+    print(report([_path(p) for p in args.logs]))
+    return 0
+
+
 def cmd_compare(args) -> int:
     from protofl.report.compare import compare
 
-    print(compare(_run_folders(args.dirs), _path(args.out) if args.out else None,
+    print(compare(_run_folders(args.dirs), _path(args.out) if args.out is not None else None,
                   overwrite=args.overwrite))
     return 0
 
@@ -130,8 +148,9 @@ def cmd_report(args) -> int:
         written = write_markdown(secs, _path(args.markdown),
                                  _path(args.figures) if args.figures else None, args.overwrite)
         print(f"markdown: {written[0]} (+ {len(written) - 1} figures)")
-    if args.out or not args.markdown:
-        out = write_html(secs, _path(args.out or "report.html"), args.overwrite, title)
+    if args.out is not None or not args.markdown:
+        out = write_html(secs, _path("report.html" if args.out is None else args.out),
+                         args.overwrite, title)
         print(f"report: {out} (open it in any browser; nothing is fetched)")
     return 0
 
@@ -157,19 +176,20 @@ def cmd_suite(args) -> int:
     if args.name == "reproduce":  # the seeds' claims (protofl.reproduce)
         from protofl.reproduce import run_reproduce
 
-        out = _path(args.out or f"runs/reproduce-{args.budget}")
+        out = _path(f"runs/reproduce-{args.budget}" if args.out is None else args.out)
         print(run_reproduce(args.claims, args.budget, out, args.jobs, _seeds(args.seeds),
                             overrides, _names(args.splits), args.alternatives,
-                            _path(args.kept) if args.kept else None, _names(args.variants)))
+                            _path(args.kept) if args.kept else None, _names(args.variants),
+                            args.executor))
         print(f"verdicts: {out / 'claims.md'}")
         return 0
     if args.claims or args.splits or args.variants or args.alternatives or args.kept:
         raise ProtoflError("--claims, --splits, --variants, --alternatives and --kept are "
                            "options of 'protofl suite reproduce'")
     name = budget_name(args.name, args.budget)
-    out = _path(args.out or f"runs/{name}")
+    out = _path(f"runs/{name}" if args.out is None else args.out)
     print(run_suite(name, out, args.jobs, _seeds(args.seeds), overrides,
-                    _names(args.added) or ()))
+                    _names(args.added) or (), args.executor))
     print(f"table: {out / 'table.md'}; curves: {out}/table_*.png; report: "
           f"{out / 'report.html'}")
     return 0
@@ -323,7 +343,7 @@ def cmd_stats(args) -> int:
 
     cfg = _config(args)
     data = load_dataset(cfg.data)
-    out = _path(args.out) if args.out else None
+    out = _path(args.out) if args.out is not None else None
     print(partition_stats(data, out))
     return 0
 
@@ -404,7 +424,8 @@ def run_parsers(sub) -> None:
     config_args(q)
     q.add_argument("--resume", metavar="DIR", help="continue a killed run from its checkpoint "
                    "(with --rounds N: its new total, more to extend it, fewer to end it sooner "
-                   "but never below the checkpoint's round)")
+                   "but never below the checkpoint's round; --set KEY=VALUE: a setting changed "
+                   "from the checkpoint on, recorded in the run's history)")
     q.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
     q.add_argument("--log", action="append", choices=("tensorboard", "mlflow"),
                    help="also log to TensorBoard (<run>/tensorboard) or MLflow (repeatable; "
@@ -418,6 +439,9 @@ def run_parsers(sub) -> None:
     q.add_argument("name", help="suite name (see 'protofl suites')")
     q.add_argument("--out", help="folder (default: runs/<name>)")
     q.add_argument("--jobs", type=int, help="parallel processes (default: CPU count)")
+    q.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="local: a pool of processes here; ray: each run a Ray task on the "
+                   "cluster RAY_ADDRESS names (else a local Ray), the same folders and numbers")
     q.add_argument("--seeds", help="comma-separated seeds (default: the suite's)")
     q.add_argument("--rounds", type=int, help="override every run's rounds")
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="override every run")
@@ -452,6 +476,18 @@ def report_parsers(sub) -> None:
                    "(never inside a run folder)")
     q.add_argument("--overwrite", action="store_true", help="replace existing output files")
     q.set_defaults(func=cmd_compare)
+
+    q = sub.add_parser("verify", help="check run folders against their manifest (SHA-256 of "
+                       "the config, checkpoint, metric lines, summary and round weights); "
+                       "exit 2 if a file changed, 1 if a folder has no manifest")
+    q.add_argument("dirs", nargs="+", help="run folders, or folders holding run folders")
+    q.set_defaults(func=cmd_verify)
+
+    q = sub.add_parser("audit", help="what a SuperNode sent, message by message (its "
+                       "audit-dir's logs: names, shapes and types, never values)")
+    q.add_argument("logs", nargs="+", help="audit logs (run<R>-partition<K>.jsonl), or the "
+                   "folders holding them")
+    q.set_defaults(func=cmd_audit)
 
     q = sub.add_parser("report", help="one self-contained HTML page (tables, curves, "
                        "weights, AMM/FFD, configs) from runs; or Markdown with --markdown")

@@ -209,20 +209,43 @@ def optimizer_copies(clients) -> int:
     return 2 if clients.momentum else 1
 
 
-def model_bytes(alg, spec) -> int:
-    """Bytes of a (meta-built) algorithm's model(s), its server state, one client's training
-    copy (weights, gradients, optimizer state) and a round's uploads."""
+CHECKPOINT_COPIES = 3  # a checkpoint's tensors are cloned, turned into bytes, then joined
+
+
+def model_bytes(alg, spec, init_state: Callable[[Any], Any] | None = None,
+                round_extra: int = 0, holds_clients: bool = True) -> int:
+    """Bytes a (meta-built) algorithm holds at once, at least: its model(s); its server state
+    (``init_state(alg)``, default ``alg.init_state(alg.model)``; a heterogeneous run's holds
+    each group's initial weights: ``engine.hetero.init_state``);
+    where there is no aggregate model (``global_weights`` is None: personalised methods) the
+    own model of every client that trains, the smallest ones first; and the larger of a
+    round's work (one client's training copy: weights, gradients, optimizer state; the
+    round's uploads; ``round_extra``, e.g. a client's features for its prototypes) and a
+    checkpoint's (``CHECKPOINT_COPIES`` copies of the state and the
+    clients' models while they are encoded). ``holds_clients`` False (a Flower server or
+    node, where each client's state stays on its node and a node writes no checkpoint):
+    neither the clients' models nor the checkpoint's copies are counted."""
     groups = getattr(alg, "groups", None)
     models = groups.models if groups is not None else [alg.model]
-    held = sum(module_bytes(m)[1] for m in models)
+    each = [module_bytes(m)[1] for m in models]
+    held = sum(each)
     train = max(module_bytes(m)[0] for m in models) * (1 + optimizer_copies(spec.clients))
     try:  # the state's tables sized, not allocated; the caller's generator untouched
         with torch.random.fork_rng(devices=[]), torch.device("meta"):
-            state = tree_bytes(alg.init_state(alg.model))
+            tree = init_state(alg) if init_state else alg.init_state(alg.model)
+            state, own = tree_bytes(tree), alg.global_weights(tree) is None
     except Exception:  # noqa: BLE001 - an init_state that needs values: the weights, at least
-        state = held
+        state, own = held, False
+    clients = 0
+    if own and holds_clients:
+        trained = min(spec.data.num_clients, spec.rounds * spec.clients.per_round)
+        per_client = (each[groups.of(k)] if groups is not None else each[0]
+                      for k in range(spec.data.num_clients))
+        clients = sum(sorted(per_client)[:trained])
     upload = sum(numel(e.shape) * FLOAT for e in alg.upload_spec().values())
-    return held + state + train + spec.clients.per_round * upload
+    work = max(train + spec.clients.per_round * upload + round_extra,
+               CHECKPOINT_COPIES * (state + clients) if holds_clients else 0)
+    return held + state + clients + work
 
 
 def schedule_bytes(rows: int, units: int, batch: int, by_steps: bool) -> int:
@@ -236,11 +259,14 @@ def schedule_bytes(rows: int, units: int, batch: int, by_steps: bool) -> int:
     return units * (rows * 8 + -(-rows // per_batch) * TENSOR_BYTES)
 
 
-def run_needs(spec, data, train_data, alg, explain: Callable[[], tuple[str, Any]] | None = None
+def run_needs(spec, data, train_data, alg, explain: Callable[[], tuple[str, Any]] | None = None,
+              init_state: Callable[[Any], Any] | None = None, holds_clients: bool = True
               ) -> list[Need]:
     """What a resolved run (``spec``) on ``data`` (clients train on ``train_data``) needs at
-    once, with ``alg`` built on the meta device. ``explain()`` names the key (and value) the
-    model's size comes from; it is called only when that need is the one refused."""
+    once, with ``alg`` built on the meta device (``init_state``, ``holds_clients``: as
+    ``model_bytes``).
+    ``explain()`` names the key (and value) the model's size comes from; it is called only
+    when that need is the one refused."""
     c, C = spec.clients, data.num_classes
     known = train_data.sizes_known and train_data.num_clients  # a site's: once nodes join
     rows = int(np.asarray(train_data.train_sizes).max()) if known else 0
@@ -253,17 +279,25 @@ def run_needs(spec, data, train_data, alg, explain: Callable[[], tuple[str, Any]
     where = data.name if spec.data.root is None else spec.data.root
     present = int((np.asarray(data.class_counts).sum(0) > 0).sum()) if len(
         data.class_counts) else C
+    protos = (any(e.kind == "prototypes" for e in alg.upload_spec().values())
+              and spec.algo.get("proto_pass", "after") == "after" and data.task != "segmentation")
+    groups = getattr(alg, "groups", None)
+    width = max(getattr(m, "feature_dim", 0) or 0
+                for m in (groups.models if groups is not None else [alg.model]))
+    features = " (with a client's features over its rows, for its prototypes)" if protos else ""
     needs = [
-        Need("model", "", model_bytes(alg, spec),
-             "the model, its server state, a client's training copy and a round's uploads",
-             device=True, explain=explain),
+        Need("model", "", model_bytes(alg, spec, init_state, rows * width * FLOAT * protos,
+                                     holds_clients),
+             f"the model, its server state, the clients' own models, and a round's training"
+             f"{features} or a checkpoint's copies", device=True, explain=explain),
         Need(steps_key, units, schedule_bytes(rows, units, c.batch_size, c.local_steps
                                               is not None),
              f"a client's batch schedule ({rows} rows, batches of {batch})"),
-        Need("clients.batch_size", c.batch_size, batch * (row + scores) * FLOAT,
-             "a training batch (inputs and class scores)", device=True),
-        Need("metrics.eval_batch", spec.metrics.eval_batch, eval_rows * (row + scores) * FLOAT,
-             "an evaluation batch (inputs and class scores)", device=True),
+        Need("clients.batch_size", c.batch_size, batch * (row + scores + width) * FLOAT,
+             "a training batch (inputs, features and class scores)", device=True),
+        Need("metrics.eval_batch", spec.metrics.eval_batch,
+             eval_rows * (row + scores + width) * FLOAT,
+             "an evaluation batch (inputs, features and class scores)", device=True),
     ]
     needs += [Need(k, v, n, what) for k, v, n, what in alg.server_bytes()]
     needs.append(Need("data.root" if spec.data.root else "data.name", where,

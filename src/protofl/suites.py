@@ -10,12 +10,12 @@ FFD metric, which every other run then logs (``mmd``; the table's FFD against fe
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 from protofl.config import ALPHA_SETTINGS, merge
+from protofl.executor import execute, phases  # noqa: F401 (phases: the FFD references first)
 from protofl.suite import Suite
 from protofl.suites_hetero import HETERO_SUITES
 
@@ -183,18 +183,6 @@ SUITES: dict[str, Suite] = {
 }
 
 
-def _one(args: tuple[dict, str, bool]) -> str:
-    raw, out, progress = args
-    from protofl.api import run_experiment
-    from protofl.config import config_from_dict
-
-    # one thread and no worker processes of its own per suite process (the pool already uses
-    # every core)
-    run_experiment(config_from_dict({"threads": 1, "workers": 1, **raw}), Path(out),
-                   overwrite=True, progress=progress)
-    return out
-
-
 def seeded(raw: dict[str, Any], seed: int, overrides: dict[str, Any] | None) -> dict[str, Any]:
     """``raw`` at run seed ``seed``: the partition (and generated data) follow the seed
     (``data.seed``), so a suite's seeds vary the partition too; ``overrides`` win."""
@@ -271,39 +259,12 @@ def not_run(name: str, overrides: dict[str, Any] | None = None) -> dict[str, str
     return out
 
 
-def phases(jobs: list[tuple[dict, str]]) -> list[list[tuple[dict, str]]]:
-    """The jobs that other jobs read as their FFD reference, then the others."""
-    refs = {Path(raw["metrics"]["ffd_reference"]).resolve() for raw, _ in jobs
-            if raw.get("metrics", {}).get("ffd_reference")}
-    first = [j for j in jobs if Path(j[1]).resolve() in refs]
-    return [p for p in (first, [j for j in jobs if j not in first]) if p]
-
-
-def execute(work: list[tuple[dict, str]], jobs: int | None, desc: str) -> None:
-    """Run every job of ``work`` not finished yet (in ``jobs`` processes, FFD references
-    first), with a progress bar."""
-    from multiprocessing import get_context
-
-    from tqdm import tqdm
-
-    todo = [(raw, folder) for raw, folder in work if not (Path(folder) / "summary.json").exists()]
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo) or 1))
-    with tqdm(total=len(work), initial=len(work) - len(todo), unit="run", desc=desc) as bar:
-        if jobs == 1:
-            for raw, folder in todo:
-                _one((raw, folder, False))
-                bar.update(1)
-        else:
-            with get_context("spawn").Pool(jobs) as pool:
-                for phase in phases(todo):  # FFD references before the runs that read them
-                    for _ in pool.imap_unordered(_one, [(r, f, False) for r, f in phase]):
-                        bar.update(1)
-
-
 def run_suite(name: str, out: Path, jobs: int | None = None, seeds: tuple[int, ...] | None = None,
-              overrides: dict[str, Any] | None = None, added: tuple[str, ...] = ()) -> str:
-    """Run a suite (in ``jobs`` processes) and write ``OUT/table.md``, the curves and
-    ``OUT/report.html``; ``added``: algorithms run as rows of their own (:func:`plan`)."""
+              overrides: dict[str, Any] | None = None, added: tuple[str, ...] = (),
+              executor: str = "local") -> str:
+    """Run a suite (in ``jobs`` processes, or as Ray tasks: ``executor``,
+    ``protofl/executor.py``) and write ``OUT/table.md``, the curves and ``OUT/report.html``;
+    ``added``: algorithms run as rows of their own (:func:`plan`)."""
     from protofl.config import config_from_dict
     from protofl.errors import ProtoflError
     from protofl.report.compare import compare
@@ -318,7 +279,7 @@ def run_suite(name: str, out: Path, jobs: int | None = None, seeds: tuple[int, .
     if not work:
         raise ProtoflError(f"suite {name}: nothing to run; " + "; ".join(
             f"{ds}: {why}" for ds, why in skipped.items()))
-    execute(work, jobs, name)
+    execute(work, jobs, name, executor)
     text = compare([Path(f) for _, f in work], out / "table.md", overwrite=True)
     if notes:  # said on the terminal and under the table
         with open(out / "table.md", "a", encoding="utf-8") as f:

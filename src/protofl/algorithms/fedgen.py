@@ -231,13 +231,17 @@ class FedGen(LGFedAvg):
                               "lr 0.01, batch 10, E = 1")
 
     def server_bytes(self):
-        """A round's generator draws its labels (and their order) and noise at once."""
+        """A round's generator draws its labels (and their order) and noise at once; the key
+        named is the factor furthest above its default."""
         o = self.opts
         n = o.server_steps * o.server_batch
-        return [("algo.server_steps", o.server_steps, n * (8 + 8 + 4 * o.noise_dim),
+        factors = {k: getattr(o, k) / getattr(FedGenOptions, k)
+                   for k in ("server_steps", "server_batch", "noise_dim")}
+        key = max(factors, key=factors.get)
+        return [(f"algo.{key}", getattr(o, key), n * (8 + 8 + 4 * o.noise_dim),
                  f"the generator's round of {o.server_steps} steps x {o.server_batch} labels "
-                 "(labels, their order and noise; lower algo.server_steps or "
-                 "algo.server_batch)")]
+                 f"with noise of {o.noise_dim} values each (labels, their order and noise; "
+                 "lower algo.server_steps, algo.server_batch or algo.noise_dim)")]
 
     # ---- privacy ----
     def sums_exact(self) -> bool:

@@ -294,10 +294,11 @@ class Experiment:
 
 def restored(store: RunStore) -> Experiment:
     """The run of ``store``'s folder rebuilt from its ``config.json`` as it stood at its last
-    checkpoint (figures drawn after a run: t-SNE, the segmentation figure). Nothing is
-    written."""
+    checkpoint (figures drawn after a run: t-SNE, the segmentation figure), once the folder
+    is verified (``RunStore.verify``). Nothing is written."""
     from protofl.config import config_from_dict
 
+    store.verify()
     exp = Experiment(config_from_dict(store.config()))
     exp.restore(store.checkpoint())
     return exp

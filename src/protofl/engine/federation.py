@@ -69,9 +69,11 @@ def local_setup(spec: RunSpec, device: torch.device) -> LocalSetup:
                       augmentation(spec.data.augment), c.lr_decay)
 
 
-def build(cfg: Config, data: FederatedData | None = None) -> Federation:
+def build(cfg: Config, data: FederatedData | None = None, *, holds_clients: bool = True
+          ) -> Federation:
     """The Federation ``cfg`` names (resolved first); ``data`` replaces the federation its
-    data section names (a Flower site's own files)."""
+    data section names (a Flower site's own files). ``holds_clients`` False: sized for a
+    Flower server or node, which holds no other client's state (``sizes.model_bytes``)."""
     dev = devices.resolve(cfg.device)
     if data is None:
         data = load_dataset(resolve_data(cfg.data), lean=True)  # rows as stored (e.g. uint8)
@@ -81,7 +83,7 @@ def build(cfg: Config, data: FederatedData | None = None) -> Federation:
         data, validation = data.hold_out(spec.data.validation_fraction,
                                          np_rng(spec.data.seed, VALIDATION))
     train_data = data.pooled() if spec.data.pooled else data
-    check_sizes(spec, data, train_data, dev)  # before the model is allocated
+    check_sizes(spec, data, train_data, dev, holds_clients)  # before the model is allocated
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         if hetero.requested(spec.model):  # a model per client group (engine/hetero.py)

@@ -14,11 +14,15 @@ reports and trackers read and write through it. The functions below are its part
   (holder's pid and host written in it). The kernel drops the lock when its process dies, so a
   lock file left by a dead process is simply taken over.
 - Checkpoints are safetensors plus JSON (``tensorfile``): loading one never runs code.
+- ``manifest.json`` (``engine/manifest.py``) holds the SHA-256 of the config, the checkpoint,
+  the metric lines up to it, the summary and the round weights, and the settings changed on
+  resume; :meth:`RunStore.verify` checks a folder against it before it is resumed or read.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import io
 import json
 import logging
@@ -26,13 +30,14 @@ import math
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
+from protofl.engine import manifest as mf
 from protofl.engine import tensorfile
 from protofl.errors import ProtoflError
 
@@ -46,7 +51,11 @@ WEIGHTS_DIR = "weights"  # per-round aggregate weights (metrics.save_weights), F
 # Every file protofl writes into a run folder; ``--overwrite`` removes these and nothing else.
 ARTEFACTS = (CONFIG, METRICS, SUMMARY, CHECKPOINT, LEGACY_CHECKPOINT, "curves.png",
              "confusion.png", "tsne.png", "segmentation.png", "flower.log", "stats.json",
-             "stats.png", "tracking.json")
+             "stats.png", "tracking.json", mf.MANIFEST)
+# Settings a resumed run cannot change: they define its federation, its model or its privacy
+# accounting (``data.root`` may move: the same files elsewhere).
+FIXED_ON_RESUME = ("algorithm", "task", "seed", "data.", "model.", "privacy.")
+MOVABLE_ON_RESUME = ("data.root",)
 
 
 def json_safe(obj: Any) -> Any:
@@ -60,24 +69,34 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes, before: Callable[[], None] | None = None) -> None:
     """Write ``path`` whole or not at all: a failed write (a full disk) leaves the file as it
-    was, and is one ProtoflError line."""
+    was, and is one ProtoflError line. ``before`` runs once the data are on disk and before
+    they replace ``path`` (the manifest recording them)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if before is not None:
+            before()
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         was = "is kept as it was" if path.exists() else "was not written"
         raise ProtoflError(f"cannot write {path}: {e.strerror or e}; {path.name} {was}") from None
+    except ProtoflError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def json_bytes(obj: Any) -> bytes:
+    return (json.dumps(json_safe(obj), indent=2) + "\n").encode()
 
 
 def write_json(path: Path, obj: Any) -> None:
-    atomic_write(path, (json.dumps(json_safe(obj), indent=2) + "\n").encode())
+    atomic_write(path, json_bytes(obj))
 
 
 # ---- one writer per folder ----
@@ -163,24 +182,48 @@ def folder_state(out: Path) -> str:
 
 def prepare(out: Path, overwrite: bool) -> None:
     """Make ``out`` ready for a fresh run: create it, refuse one that already holds files
-    unless ``overwrite`` (then remove the old run's artefacts). Call it while holding
-    ``lock(out)`` so that no other run can start in between; if another process holds the lock,
-    this refuses."""
+    unless ``overwrite`` (then remove the old run's artefacts), and a folder that holds other
+    runs' folders either way. Checked before the lock is taken (a refused folder is left
+    untouched, with no lock file) and again while holding it, so that no other run can start
+    in between; if another process holds the lock, this refuses."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ProtoflError(f"--out {out} is a file, not a folder")
+    if out.is_dir():
+        _refuse_held(out, overwrite)
     with lock(out):
-        files = [p for p in out.iterdir() if p.name != LOCK]
-        if files and not overwrite:
-            how = {"finished": "use --overwrite to replace it, or another --out",
-                   "resumable": "use --resume to continue it, --overwrite to replace it, or "
-                                "another --out",
-                   "no-checkpoint": "it was stopped before its first checkpoint, so there is "
-                                    "nothing to resume: use --overwrite to start it again, or "
-                                    "another --out"}[folder_state(out)]
-            raise ProtoflError(f"run folder {out} already holds a run; {how}")
-        if files:
+        if _refuse_held(out, overwrite):
             clear(out)
+
+
+def _refuse_held(out: Path, overwrite: bool) -> bool:
+    """Whether ``out`` holds files (to clear with ``overwrite``); one line refusing it when
+    it holds a run and not ``overwrite``, or holds other runs' folders."""
+    files = sorted(p.name for p in out.iterdir() if p.name != LOCK)
+    if not files:
+        return False
+    if not (out / CONFIG).exists():
+        runs = sorted({c.relative_to(out).parts[0] for pattern in (f"*/{CONFIG}",
+                                                                  f"*/*/{CONFIG}")
+                       for c in out.glob(pattern)})  # two levels: never a walk of $HOME
+        if runs:
+            shown = ", ".join(runs[:3]) + (", ..." if len(runs) > 3 else "")
+            raise ProtoflError(f"--out {out} is a folder of runs ({shown}), not a run folder: "
+                               f"give a new folder for this run, e.g. --out {out / 'NAME'}")
+    if overwrite:
+        return True
+    if not (out / CONFIG).exists() and folder_state(out) == "no-checkpoint":
+        shown = ", ".join(files[:3]) + (", ..." if len(files) > 3 else "")
+        raise ProtoflError(f"--out {out} already holds files that are not a run ({shown}): "
+                           "choose an empty or new folder (--overwrite removes only the files "
+                           "protofl writes)")
+    how = {"finished": "use --overwrite to replace it, or another --out",
+           "resumable": "use --resume to continue it, --overwrite to replace it, or "
+                        "another --out",
+           "no-checkpoint": "it was stopped before its first checkpoint, so there is "
+                            "nothing to resume: use --overwrite to start it again, or "
+                            "another --out"}[folder_state(out)]
+    raise ProtoflError(f"run folder {out} already holds a run; {how}")
 
 
 def clear(out: Path) -> list[str]:
@@ -201,16 +244,18 @@ class Metrics(NamedTuple):
     torn: str | None  # the dropped torn last line, if any
 
 
-def append_metrics(out: Path, record: dict) -> None:
-    """One line more in ``metrics.jsonl``; a failed write (a full disk) is one ProtoflError
-    line, and what the line tore is dropped when the file is read."""
+def append_metrics(out: Path, record: dict) -> bytes:
+    """One line more in ``metrics.jsonl`` (returned); a failed write (a full disk) is one
+    ProtoflError line, and what the line tore is dropped when the file is read."""
+    line = (json.dumps(json_safe(record)) + "\n").encode()
     try:
-        with open(out / METRICS, "a") as f:
-            f.write(json.dumps(json_safe(record)) + "\n")
+        with open(out / METRICS, "ab") as f:
+            f.write(line)
             f.flush()
     except OSError as e:
         raise ProtoflError(f"cannot append round {record.get('round')} to {out / METRICS}: "
                            f"{e.strerror or e}; the rounds before it are kept") from None
+    return line
 
 
 def read_metrics_checked(folder: Path) -> Metrics:
@@ -251,13 +296,19 @@ def read_metrics(folder: Path) -> list[dict]:
     return rows
 
 
-def truncate_metrics(out: Path, last_round: int) -> None:
+def truncate_metrics(out: Path, last_round: int) -> bytes:
     """Drop metric lines past the checkpoint (they are recomputed on resume), and a torn last
-    line (which ``check_history`` has reported); the file is rewritten atomically."""
+    line (which ``check_history`` has reported); the file is rewritten atomically, the lines
+    kept byte for byte. Returns what it holds."""
     path = out / METRICS
-    if path.exists():
-        keep = [r for r in read_metrics_checked(out).rows if r["round"] <= last_round]
-        atomic_write(path, "".join(json.dumps(json_safe(r)) + "\n" for r in keep).encode())
+    if not path.exists():
+        return b""
+    rows = read_metrics_checked(out).rows  # one per non-blank line, a torn last one left out
+    lines = [line for line in path.read_text().split("\n") if line.strip()]
+    data = "".join(line + "\n" for line, row in zip(lines, rows)
+                   if row["round"] <= last_round).encode()
+    atomic_write(path, data)
+    return data
 
 
 def evaluated_rounds(upto: int, eval_every: int, total: int) -> list[int]:
@@ -371,6 +422,11 @@ def weights_path(folder: Path, round: int) -> Path:
     return Path(folder) / WEIGHTS_DIR / f"round_{round:04d}.safetensors"
 
 
+def _weights_round(name: str) -> int:
+    """The round of a weights file's name (``weights/round_0007.safetensors`` -> 7)."""
+    return int(name.rsplit("round_", 1)[1].split(".")[0])
+
+
 def encode_weights(weights: dict) -> bytes:
     """``weights`` (``{"params": ..., "buffers": ...}``, copied to the CPU) as safetensors."""
     return tensorfile.encode({part: {k: v.detach().cpu().contiguous()
@@ -388,11 +444,17 @@ class RunStore:
     continued. Figures, statistics and trackers write through :meth:`save_figure`,
     :meth:`write_json` and :meth:`place`; the Flower ServerApp's log through
     :meth:`log_handler`. ``overwrite`` lets a fresh run replace the folder's old run.
+
+    Every file a resumed run or a report trusts is recorded in ``manifest.json``
+    (``engine/manifest.py``) as it is written; :meth:`verify` checks the folder against it.
     """
 
     def __init__(self, out: str | Path, overwrite: bool = False):
         self.out, self.overwrite = Path(out), overwrite
         self.saved: int | None = None  # the round of the folder's checkpoint, if any
+        self._manifest: dict | None = None  # what this store has written (loaded when needed)
+        self._metrics: Any = None  # the running SHA-256 of metrics.jsonl and its length
+        self._metrics_bytes = 0
 
     def __repr__(self) -> str:
         return f"RunStore({str(self.out)!r})"
@@ -411,6 +473,71 @@ class RunStore:
 
     def is_run(self) -> bool:
         return (self.out / CONFIG).is_file()
+
+    def check_fresh(self) -> None:
+        """Refuse, before anything is built or locked, a folder a fresh run cannot use (it
+        holds a run and not ``overwrite``, or other runs' folders); :meth:`start` checks again
+        under the lock."""
+        if self.out.exists() and not self.out.is_dir():
+            raise ProtoflError(f"--out {self.out} is a file, not a folder")
+        if self.out.is_dir():
+            _refuse_held(self.out, self.overwrite)
+
+    # ---- integrity ----
+    def manifest(self) -> dict | None:
+        """The folder's manifest (None: a folder written before manifests)."""
+        return mf.read(self.out)
+
+    def problems(self) -> list[str]:
+        """What in the folder differs from its manifest, one line each; a folder without one
+        has nothing to check (``manifest()`` is None)."""
+        manifest = self.manifest()
+        return [] if manifest is None else mf.problems(self.out, manifest)
+
+    def verify(self) -> dict | None:
+        """Refuse, in one line naming the file and what differs, a folder whose config,
+        checkpoint, metric lines, summary or round weights changed after protofl wrote them;
+        the manifest, or None for a folder written before manifests (nothing to check)."""
+        manifest = self.manifest()
+        found = [] if manifest is None else mf.problems(self.out, manifest)
+        if found:
+            more = (f" (and {len(found) - 1} more: `protofl verify {self.out}`)"
+                    if len(found) > 1 else "")
+            raise ProtoflError(f"{self.out}: {found[0]}{more}")
+        return manifest
+
+    def _open(self) -> dict:
+        """This store's manifest, read from the folder the first time (a new one if none),
+        with the running digest of ``metrics.jsonl`` as it stands."""
+        if self._manifest is None:
+            self._manifest = mf.read(self.out) or mf.new()
+        if self._metrics is None:
+            path = self.out / METRICS
+            self._seal_metrics(path.read_bytes() if path.exists() else b"")
+        return self._manifest
+
+    def _seal_metrics(self, data: bytes) -> None:
+        self._metrics, self._metrics_bytes = hashlib.sha256(data), len(data)
+
+    def _metrics_entry(self, round: int) -> dict:
+        return {"sha256": self._metrics.hexdigest(), "bytes": self._metrics_bytes,
+                "round": round, "prefix": True}
+
+    def _record(self, entries: dict[str, dict | None]) -> Callable[[], None]:
+        """A write of the manifest with ``entries`` (None: removed), for ``atomic_write``'s
+        ``before``: the manifest names a file's new content before it is renamed into place."""
+        def write() -> None:
+            files = self._open()["files"]
+            for name, entry in entries.items():
+                if entry is None:
+                    files.pop(name, None)
+                else:
+                    files[name] = entry
+            atomic_write(self.out / mf.MANIFEST, mf.encode(self._manifest))
+        return write
+
+    def _config_entry(self, data: bytes) -> dict:
+        return {**mf.digest(data), "settings": json.loads(data)}
 
     # ---- reading a run back ----
     def config(self) -> dict:
@@ -440,44 +567,95 @@ class RunStore:
         weights a replaced run left; a resumed run drops the metric lines past its checkpoint."""
         if round:
             self.saved = round
-            truncate_metrics(self.out, round)
+            self._reseal(round)
             return
         prepare(self.out, self.overwrite)
-        write_json(self.out / CONFIG, spec)
+        self._manifest = mf.new()
+        self._seal_metrics(b"")
+        data = json_bytes(spec)
+        atomic_write(self.out / CONFIG, data, self._record({CONFIG: self._config_entry(data)}))
         for p in (self.out / WEIGHTS_DIR).glob("round_*"):
             p.unlink()
 
+    def _reseal(self, round: int) -> None:
+        """A resumed run's manifest: the metric lines past its checkpoint of ``round`` dropped,
+        and the files as they are now (checked by :meth:`verify` first; a folder written
+        before manifests gets its first one here)."""
+        self._seal_metrics(truncate_metrics(self.out, round))
+        manifest = self._open()
+        config = (self.out / CONFIG).read_bytes()
+        entries: dict[str, dict | None] = {
+            CONFIG: self._config_entry(config),
+            CHECKPOINT: ({**mf.file_digest(self.out / CHECKPOINT), "round": round}
+                         if (self.out / CHECKPOINT).exists() else None),
+            METRICS: self._metrics_entry(round)}
+        for name in manifest["files"]:  # round weights past the checkpoint are made again
+            if name.startswith(WEIGHTS_DIR + "/") and _weights_round(name) > round:
+                entries[name] = None
+        self._record(entries)()
+
     def resume(self, spec: dict, round: int, eval_every: int, rounds: int) -> None:
         """Before a checkpoint of round ``round`` is continued: ``metrics.jsonl`` must hold
-        every evaluated round up to it; ``config.json`` is rewritten when the run was extended
-        (or shortened) to ``rounds``."""
+        every evaluated round up to it. Settings of ``spec`` that differ from ``config.json``
+        (``rounds`` extended or cut, another device, ``--set``) are recorded in the manifest's
+        history and ``config.json`` is rewritten; those of ``FIXED_ON_RESUME`` are refused."""
         check_history(self.out, round, eval_every, rounds)
-        if load_config_json(self.out).get("rounds") != rounds:
-            write_json(self.out / CONFIG, spec)
+        data = json_bytes(spec)
+        changes = mf.setting_changes(load_config_json(self.out), json.loads(data))
+        fixed = [k for k in changes if k.startswith(FIXED_ON_RESUME)
+                 and k not in MOVABLE_ON_RESUME]
+        if fixed:
+            old, new = changes[fixed[0]]
+            raise ProtoflError(f"{self.out}: {fixed[0]} cannot change on resume ({old!r} -> "
+                               f"{new!r}): it defines the run's federation, model or privacy "
+                               "accounting; start a new run for it")
+        if changes:
+            self._open()["history"].append({"round": round, "changed": changes})
+            atomic_write(self.out / CONFIG, data,
+                         self._record({CONFIG: self._config_entry(data)}))
+            log.info("%s: settings changed on resume after round %d: %s", self.out, round,
+                     mf.said(changes, most=20))
 
     def round_end(self, record: dict, evaluated: bool, snapshot: Any = None,
                   weights: dict | None = None) -> None:
         """After round ``record["round"]``: its metric line when ``evaluated``, the checkpoint
         ``snapshot()`` when one is due (``snapshot`` is None otherwise), and ``weights``
         (``metrics.save_weights``). A failed write (a full disk) says what the folder keeps."""
+        t = record["round"]
+        self._open()
         try:
             if evaluated:
-                append_metrics(self.out, record)
+                line = append_metrics(self.out, record)
+                self._metrics.update(line)
+                self._metrics_bytes += len(line)
             if snapshot is not None:
-                save_checkpoint(self.out, snapshot())
-                self.saved = record["round"]
+                data = tensorfile.encode(snapshot())
+                last = self._manifest["files"].get(CHECKPOINT)
+                entry = {**mf.digest(data), "round": t,
+                         **({"previous": {k: v for k, v in last.items() if k != "previous"}}
+                            if last else {})}
+                atomic_write(self.out / CHECKPOINT, data, self._record(
+                    {CHECKPOINT: entry, METRICS: self._metrics_entry(t)}))
+                (self.out / LEGACY_CHECKPOINT).unlink(missing_ok=True)
+                self.saved = t
         except ProtoflError as e:
             kept = (f"its checkpoint of round {self.saved} is intact: free space, then "
                     f"`protofl run --resume {self.out}`" if self.saved else
                     "it has no checkpoint yet")
             raise ProtoflError(f"{e}; the run stopped, {kept}") from None
-        if weights is not None:
-            path = weights_path(self.out, record["round"])
+        if weights is not None:  # recorded with the next checkpoint or the summary
+            path = weights_path(self.out, t)
             path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, encode_weights(weights))
+            data = encode_weights(weights)
+            atomic_write(path, data)
+            self._manifest["files"][f"{WEIGHTS_DIR}/{path.name}"] = mf.digest(data)
 
     def finish(self, summary: dict) -> None:
-        write_json(self.out / SUMMARY, summary)
+        """``summary.json``, recorded in the manifest with every metric line."""
+        self._open()
+        data = json_bytes(summary)
+        atomic_write(self.out / SUMMARY, data, self._record(
+            {SUMMARY: mf.digest(data), METRICS: self._metrics_entry(summary.get("rounds", 0))}))
 
     # ---- what others write through it ----
     def write_json(self, name: str, obj: Any) -> Path:
@@ -510,3 +688,37 @@ class RunStore:
         handler.setFormatter(logging.Formatter(
             "%(asctime)s %(levelname)s %(name)s %(message)s"))
         return handler
+
+
+def verify_folders(paths: list[Path]) -> tuple[list[str], int]:
+    """``protofl verify``: one line per run folder under ``paths`` (ok, each file that
+    differs, or not checked) and each setting changed on resume; the exit code: 2 if a file
+    differs, 1 if a folder has no manifest, else 0."""
+    folders: list[Path] = []
+    for p in map(Path, paths):
+        found = [p] if (p / CONFIG).is_file() else sorted(
+            c.parent for c in p.rglob(CONFIG)) if p.is_dir() else []
+        if not found:
+            raise ProtoflError(f"{p} is not a run folder (no {CONFIG}) or a folder of runs")
+        folders += found
+    lines, bad, unchecked = [], 0, 0
+    for folder in folders:
+        try:
+            manifest = mf.read(folder)
+        except ProtoflError as e:
+            bad += 1
+            lines.append(str(e))
+            continue
+        if manifest is None:
+            unchecked += 1
+            lines.append(f"{folder}: not checked: no {mf.MANIFEST} (written by protofl 0.1)")
+            continue
+        found = mf.problems(folder, manifest)
+        bad += bool(found)
+        saved = manifest["files"].get(CHECKPOINT, {}).get("round")
+        lines += [f"{folder}: {line}" for line in found] or [
+            f"{folder}: ok ({len(manifest['files'])} files match their SHA-256"
+            + (f"; checkpoint of round {saved}" if saved is not None else "") + ")"]
+        lines += [f"{folder}: settings changed on resume {line}"
+                  for line in mf.history_lines(manifest)]
+    return lines, 2 if bad else 1 if unchecked else 0

@@ -113,15 +113,17 @@ def _meta_algorithm(spec: Config, data: FederatedData):
 
 
 def check_sizes(spec: RunSpec, data: FederatedData, train_data: FederatedData,
-                device: torch.device | str) -> None:
+                device: torch.device | str, holds_clients: bool = True) -> None:
     """Refuse, with one line naming the key and the bytes, a run whose model, server state,
     uploads, batch schedule, batches or confusion matrix cannot fit the memory of ``device``
     (and the host): sized from its algorithm built on the meta device, before anything is
-    allocated (``protofl/sizes.py``)."""
+    allocated (``protofl/sizes.py``; ``holds_clients``: ``sizes.model_bytes``)."""
     alg, _ = meta_algorithm(spec, data)
-    total = sizes.model_bytes(alg, spec)
+    total = sizes.model_bytes(alg, spec, hetero.init_state)
     sizes.check(sizes.run_needs(spec, data, train_data, alg,
-                                lambda: size_source(spec, data, total)), device)
+                                lambda: size_source(spec, data, total), hetero.init_state,
+                                holds_clients),
+                device)
 
 
 def size_source(spec: RunSpec, data: FederatedData, nbytes: int) -> tuple[str, object]:
@@ -143,7 +145,8 @@ def size_source(spec: RunSpec, data: FederatedData, nbytes: int) -> tuple[str, o
     best, found = 0, None
     for key, value, other in candidates:
         try:
-            smaller = nbytes - sizes.model_bytes(_meta_algorithm(other, data)[0], other)
+            smaller = nbytes - sizes.model_bytes(_meta_algorithm(other, data)[0], other,
+                                                 hetero.init_state)
         except Exception:  # noqa: BLE001 - a default that does not build names nothing
             continue
         if smaller > best:

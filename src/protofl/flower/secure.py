@@ -52,11 +52,11 @@ from protofl.nested import unflatten
 
 log = logging.getLogger("protofl.flower")
 
-def trainer_for(cfg: Config, grid: Grid, round_timeout: float, node_wait: float
-                ) -> FlowerTrainer:
+def trainer_for(cfg: Config, grid: Grid, round_timeout: float, node_wait: float,
+                min_replies: int = 1) -> FlowerTrainer:
     """The Flower trainer a run needs: SecAgg+ rounds with ``privacy.secagg``, else plain."""
     cls = SecureTrainer if cfg.privacy.secagg else FlowerTrainer
-    return cls(grid, round_timeout, node_wait)
+    return cls(grid, round_timeout, node_wait, min_replies)
 
 
 # ---- server side ----
@@ -104,7 +104,7 @@ class SecureTrainer(FlowerTrainer):
 
     name = "flower-secagg"
 
-    def train(self, rc: RoundContext) -> list[ClientResult]:
+    def send(self, rc: RoundContext) -> list[ClientResult]:
         exp, rnd = self.exp, rc.round
         p = exp.cfg.privacy
         jobs = []

@@ -42,6 +42,7 @@ from protofl.config import Config
 from protofl.data.site import SiteFederation
 from protofl.engine.callbacks import Callback, EarlyStop, TestMetrics, metric_callbacks
 from protofl.engine.experiment import Experiment
+from protofl.engine.federation import build
 from protofl.engine.runfolder import CONFIG, RunStore
 from protofl.errors import ProtoflError
 from protofl.flower.setup import OUT, config_from_run
@@ -55,6 +56,7 @@ log = logging.getLogger("protofl.flower")
 ROUND_TIMEOUT = "round-timeout"  # seconds to wait for a round's replies
 NODE_WAIT = "node-wait"  # seconds to wait for every client's SuperNode to connect
 RESUME = "resume"  # continue the run in `out` from its last checkpoint
+MIN_REPLIES = "min-replies"  # fewer valid replies: the round once more, then the run stops
 LOG_FILE = "flower.log"
 
 
@@ -93,22 +95,49 @@ class RemoteTestMetrics(TestMetrics):
             record.setdefault(k, v)
 
 
+class StreamWarnings(logging.Handler):
+    """protofl's warnings (a node left out, a round sent again) into Flower's log, which
+    ``flwr run --stream`` and ``flwr log`` show, not only into ``flower.log``."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "stream", True):
+            flwr_log(record.levelno, "protofl: %s", record.getMessage())
+
+
 def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout: float = 600.0,
                 node_wait: float = 120.0, resume: bool = False,
-                callbacks: Sequence[Callback] = ()) -> Experiment:
+                callbacks: Sequence[Callback] = (), min_replies: int = 1) -> Experiment:
     """Run ``cfg`` to the end on the SuperNodes of ``grid``; writes the run folder ``out``
     (config.json, metrics.jsonl, checkpoints, summary.json, plots) as the in-process engine
-    does, plus ``flower.log``: the server's log lines (left-out replies, missing nodes). With
-    ``resume`` a run folder holding a run continues from its checkpoint (:func:`restore`); an
-    empty or missing one starts the run. ``callbacks`` are added to the run's."""
+    does, plus ``flower.log``: the server's log lines (left-out replies, missing nodes), whose
+    warnings also go to Flower's log. With ``resume`` a run folder holding a run continues
+    from its checkpoint (:func:`restore`); an empty or missing one starts the run.
+    ``callbacks`` are added to the run's; ``min_replies`` is the round policy
+    (``FlowerTrainer``)."""
+    stream = StreamWarnings()
+    engine_log = logging.getLogger("protofl")
+    engine_log.addHandler(stream)
+    try:
+        return _run_on_grid(cfg, grid, out, round_timeout, node_wait, resume, callbacks,
+                            min_replies)
+    finally:
+        engine_log.removeHandler(stream)
+
+
+def _run_on_grid(cfg: Config, grid: Grid, out: Path | None, round_timeout: float,
+                 node_wait: float, resume: bool, callbacks: Sequence[Callback],
+                 min_replies: int) -> Experiment:
     from protofl.flower.secure import trainer_for  # privacy.secagg: SecAgg+ rounds
 
-    trainer = trainer_for(cfg, grid, round_timeout, node_wait)
+    trainer = trainer_for(cfg, grid, round_timeout, node_wait, min_replies)
     metrics = [RemoteTestMetrics(trainer) if isinstance(cb, TestMetrics) else cb
                for cb in metric_callbacks()]
     store = RunStore(out) if out is not None else None
     # the store prepares the run folder before the trainer's on_run_start logs anything into it
-    exp = Experiment(cfg, trainer=trainer, store=store, callbacks=[
+    exp = Experiment(build(cfg, holds_clients=False), trainer=trainer, store=store, callbacks=[
         *metrics, *folder_callbacks(out, progress=False), trainer, *callbacks])
     if exp.cfg.data.pooled:
         raise ProtoflError(f"flower: {exp.alg.name} trains on the pooled data of every client, "
@@ -140,7 +169,11 @@ def run_on_grid(cfg: Config, grid: Grid, out: Path | None = None, round_timeout:
         try:
             if resume and not fresh and CONFIG in held:
                 restore(exp, store)
-            summary = exp.run()
+            try:
+                summary = exp.run()
+            except ProtoflError as e:  # into flower.log too (serve() streams it)
+                log.error("protofl: error: %s", e, extra={"stream": False})
+                raise
             log.info("protofl run finished: %s", {k: summary.get(k) for k in (
                 "algorithm", "dataset", "rounds", "accuracy")})
         finally:
@@ -156,6 +189,9 @@ def restore(exp: Experiment, store: RunStore | Path) -> None:
     ``metrics.jsonl`` holds every evaluated round up to the checkpoint."""
     store = store if isinstance(store, RunStore) else RunStore(store)
     out = store.out
+    if store.verify() is None:
+        log.warning("%s has no manifest.json (written by protofl 0.1): its files cannot be "
+                    "checked; it gets one now", out)
     stored = flatten(store.config())
     mine = flatten(json.loads(json.dumps(exp.cfg.to_dict())))  # as config.json holds it
     for key in sorted(set(stored) | set(mine)):
@@ -194,12 +230,24 @@ def serve(grid: Grid, context: Context, cfg: Config | None = None, out: Path | N
         folder = out if out is not None or not rc.get(OUT) else Path(str(rc[OUT]))
         exp = run_on_grid(run_cfg, grid, folder, float(rc.get(ROUND_TIMEOUT, 600.0)),
                           float(rc.get(NODE_WAIT, 120.0)), resume_flag(rc.get(RESUME, False)),
-                          callbacks)
+                          callbacks, min_replies_of(rc.get(MIN_REPLIES, 1)))
     except ProtoflError as e:
         flwr_log(ERROR, "protofl: error: %s", e)
         raise
     flwr_log(INFO, "protofl: %s", summary_line(exp.summary(), folder))
     return exp
+
+
+def min_replies_of(value: Any) -> int:
+    """The run config's ``min-replies``: a whole number, at least 0."""
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ProtoflError(f"flower: run config min-replies = {value!r}: allowed a whole "
+                           "number >= 0 (0: a round aggregates whatever came)")
+    return n
 
 
 def resume_flag(value: Any) -> bool:

@@ -58,7 +58,7 @@ class Node:
 
 
 def node_of(cfg: Config, data: FederatedData | None = None) -> Node:
-    fed = build(cfg, data)
+    fed = build(cfg, data, holds_clients=False)
     torch.set_num_threads(fed.spec.threads)  # the node process is the run's
     devices.set_deterministic(fed.spec.deterministic)
     return Node(fed, stack(fed.spec, fed.alg, fed.data.num_clients, fed.state))

@@ -44,14 +44,24 @@ def short(reason: str) -> str:
 
 class FlowerTrainer(Callback):
     """A trainer (and round callback) whose clients are SuperNodes reached through a Flower
-    ``Grid``: when the run starts it finds which node holds which client; each round's
-    rejected clients are added to the metrics line."""
+    ``Grid``: when the run starts it finds which node holds which client (and, each round,
+    which node a site that came back now has); each round's rejected clients are added to the
+    metrics line.
+
+    ``min_replies`` is the round policy: a round whose valid replies are fewer (than it, or
+    than the round's jobs when they are fewer) is sent again once, to the nodes connected
+    then; if it falls short again the run stops with one line (a ProtoflError), its folder
+    keeping the checkpoint of the last complete round. 0: a round aggregates whatever came
+    (nothing: the state stays as it was)."""
 
     name = "flower"
 
-    def __init__(self, grid: Grid, round_timeout: float = 600.0, node_wait: float = 120.0):
+    def __init__(self, grid: Grid, round_timeout: float = 600.0, node_wait: float = 120.0,
+                 min_replies: int = 1):
         self.grid, self.round_timeout, self.node_wait = grid, round_timeout, node_wait
+        self.min_replies = min_replies
         self.nodes: dict[int, int] = {}
+        self.asked: set[int] = set()  # the node ids asked which client they hold
         self.sizes: dict[int, int] = {}  # site mode: training samples per site, as reported
         self.restored_sizes: np.ndarray | None = None  # site mode: from the checkpoint
         self.rejected: list[dict[str, Any]] = []
@@ -84,46 +94,53 @@ class FlowerTrainer(Callback):
         sizes; a node that cannot join replies with an error and is left out."""
         want = self.exp.data.num_clients
         deadline = time.monotonic() + wait
-        nodes: dict[int, int] = {}
-        asked: set[int] = set()
-        query = {"what": "partition", **({"config": self.cfg_json} if self.sites else {})}
         while True:
-            new = [n for n in self.grid.get_node_ids() if n not in asked]
-            asked.update(new)
-            msgs = [Message(RecordDict({"query": ConfigRecord(query),
-                                        VERSIONS_RECORD: ConfigRecord(self.versions)}),
-                            dst_node_id=n, message_type="query") for n in new]
-            for reply in self._exchange(msgs, max(deadline - time.monotonic(), 5.0)):
-                node = reply.metadata.src_node_id
-                if reply.has_error():
-                    reason = short(reply.error.reason)
-                    log.warning("node %s %s: %s", node, "left out (it cannot join)"
-                                if self.sites or "mismatch" in reason
-                                else "did not describe itself", reason)
-                    continue
-                info = reply.content.config_records["node"]
-                check_partitions(int(info["num-partitions"]), self.exp.data)
-                pid = int(info["partition-id"])
-                if not 0 <= pid < want:
-                    raise ProtoflError(f"flower: node {node} has partition-id {pid}, outside "
-                                       f"0..{want - 1}")
-                if pid in nodes:
-                    log.warning("nodes %s and %s both hold partition %s; using %s",
-                                nodes[pid], node, pid, nodes[pid])
-                    continue
-                nodes[pid] = node
-                if "num-examples" in info:
-                    self.sizes[pid] = int(info["num-examples"])
-                    log.info("site %d (node %s): %d training and %s held-out samples", pid,
-                             node, self.sizes[pid], info.get("num-test"))
-            if len(nodes) == want or time.monotonic() > deadline:
+            self.join(max(deadline - time.monotonic(), 5.0))
+            if len(self.nodes) == want or time.monotonic() > deadline:
                 break
             time.sleep(1.0)
-        missing = sorted(set(range(want)) - set(nodes))
+        missing = sorted(set(range(want)) - set(self.nodes))
         if missing:
             log.warning("no SuperNode for clients %s; they are skipped when sampled", missing)
-        log.info("%d of %d clients have a SuperNode", len(nodes), want)
-        return nodes
+        log.info("%d of %d clients have a SuperNode", len(self.nodes), want)
+        return self.nodes
+
+    def join(self, timeout: float) -> None:
+        """Ask the SuperNodes connected since the last call which client they hold: a site
+        that came back under a new node id takes its client over from its old one."""
+        want = self.exp.data.num_clients
+        live = set(self.grid.get_node_ids())
+        new = sorted(live - self.asked)
+        self.asked.update(new)
+        query = {"what": "partition", **({"config": self.cfg_json} if self.sites else {})}
+        msgs = [Message(RecordDict({"query": ConfigRecord(query),
+                                    VERSIONS_RECORD: ConfigRecord(self.versions)}),
+                        dst_node_id=n, message_type="query") for n in new]
+        for node, reply in self._exchange(msgs, timeout):
+            if reply.has_error():
+                reason = short(reply.error.reason)
+                log.warning("node %s %s: %s", node, "left out (it cannot join)"
+                            if self.sites or "mismatch" in reason
+                            else "did not describe itself", reason)
+                continue
+            info = reply.content.config_records["node"]
+            check_partitions(int(info["num-partitions"]), self.exp.data)
+            pid = int(info["partition-id"])
+            if not 0 <= pid < want:
+                raise ProtoflError(f"flower: node {node} has partition-id {pid}, outside "
+                                   f"0..{want - 1}")
+            old = self.nodes.get(pid)
+            if old is not None and old in live:
+                log.warning("nodes %s and %s both hold partition %s; using %s",
+                            old, node, pid, old)
+                continue
+            if old is not None:
+                log.warning("client %d is back, on node %s (node %s left)", pid, node, old)
+            self.nodes[pid] = node
+            if "num-examples" in info:
+                self.sizes[pid] = int(info["num-examples"])
+                log.info("site %d (node %s): %d training and %s held-out samples", pid,
+                         node, self.sizes[pid], info.get("num-test"))
 
     def site_sizes(self) -> np.ndarray:
         """The sites' training sizes (client sampling): those in the checkpoint when the run
@@ -150,21 +167,24 @@ class FlowerTrainer(Callback):
         if "sizes" in state:
             self.restored_sizes = state["sizes"].cpu().numpy().astype(np.int64)
 
-    def _exchange(self, msgs: list[Message], timeout: float) -> list[Message]:
-        """Push ``msgs``, pull replies until all came, their nodes left, or ``timeout``."""
+    def _exchange(self, msgs: list[Message], timeout: float) -> list[tuple[int, Message]]:
+        """Push ``msgs``, pull replies until all came, their nodes left, or ``timeout``; each
+        reply with the node its message went to (the SuperLink answers for a node it cannot
+        reach, under its own id)."""
         if not msgs:
             return []
         dst = {}
         for mid, m in zip(self.grid.push_messages(msgs), msgs):
             dst[mid] = m.metadata.dst_node_id
-        replies: list[Message] = []
+        replies: list[tuple[int, Message]] = []
         deadline = time.monotonic() + timeout
         next_check = time.monotonic() + 2.0
         while dst and time.monotonic() < deadline:
             got = list(self.grid.pull_messages(list(dst)))
             for r in got:
-                dst.pop(r.metadata.reply_to_message_id, None)
-                replies.append(r)
+                node = dst.pop(r.metadata.reply_to_message_id, None)
+                if node is not None:
+                    replies.append((node, r))
             if dst and time.monotonic() > next_check:  # stop waiting for nodes that left
                 alive = set(self.grid.get_node_ids())
                 for mid, node in list(dst.items()):
@@ -180,6 +200,27 @@ class FlowerTrainer(Callback):
 
     # ---- the trainer ----
     def train(self, rc: RoundContext) -> list[ClientResult]:
+        """The round's results under the ``min_replies`` policy (see the class)."""
+        rnd, need = rc.round, min(self.min_replies, len(rc.jobs))
+        self.join(min(self.round_timeout, 30.0))  # sites that came back (or came late)
+        results = self.send(rc)
+        if len(results) >= need:
+            return results
+        log.warning("round %d: %d of %d clients replied, fewer than min-replies = %d; the "
+                    "round is sent once more", rnd, len(results), len(rc.jobs), need)
+        self.rejected = [r for r in self.rejected if r["round"] != rnd]
+        self.join(min(self.round_timeout, 30.0))
+        results = self.send(rc)
+        if len(results) >= need:
+            return results
+        raise ProtoflError(
+            f"flower: round {rnd}: {len(results)} of {len(rc.jobs)} clients replied, twice, "
+            f"fewer than min-replies = {need}, so the run stopped; its folder keeps the "
+            "checkpoint of its last complete round: bring the SuperNodes back and run it "
+            "again with resume=true")
+
+    def send(self, rc: RoundContext) -> list[ClientResult]:
+        """One try of a round: each job to the node of its client, the replies back."""
         rnd = rc.round
         records = tree_to_records(rc.broadcast, "broadcast", RecordDict())
         msgs, sent = [], {}
@@ -196,12 +237,8 @@ class FlowerTrainer(Callback):
                                 group_id=str(rnd)))
             sent[node] = job.client
         results: dict[int, ClientResult] = {}
-        for reply in self._exchange(msgs, self.round_timeout):
-            node = reply.metadata.src_node_id
-            client = sent.pop(node, None)
-            if client is None:
-                log.warning("round %d: reply from unexpected node %s ignored", rnd, node)
-                continue
+        for node, reply in self._exchange(msgs, self.round_timeout):
+            client = sent.pop(node)
             if reply.has_error():
                 self._reject(rnd, client, node, f"error reply: {short(reply.error.reason)}")
                 continue
@@ -235,8 +272,7 @@ class FlowerTrainer(Callback):
         client_of = {n: k for k, n in self.nodes.items()}
         C = self.exp.data.num_classes
         got: dict[int, SiteScore] = {}
-        for reply in self._exchange(msgs, self.round_timeout):
-            node = reply.metadata.src_node_id
+        for node, reply in self._exchange(msgs, self.round_timeout):
             try:
                 if reply.has_error():
                     raise ProtoflError(short(reply.error.reason))

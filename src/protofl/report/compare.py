@@ -26,10 +26,25 @@ CENTRAL = "central"  # the centralized baseline (and usual FFD reference model)
 
 
 def load_runs(folders: list[Path]) -> list[dict]:
-    """Each finished run folder as ``{folder, summary, config, rows}`` (each counted once);
-    runs made by different protofl versions are compared with a warning."""
+    """Each finished run folder as ``{folder, summary, config, rows}`` (each counted once),
+    once verified against its manifest (a changed or corrupted file is refused in one line);
+    runs made by different protofl versions, written before manifests, or whose settings
+    changed on resume are compared with a warning."""
+    folders = outputs.unique_runs(folders)
+    manifests = {f: runfolder.RunStore(f).verify() for f in folders}
+    unchecked = [str(f) for f, m in manifests.items() if m is None]
+    if unchecked:
+        log.warning("%d run folder(s) have no %s (written by protofl 0.1), so their files are "
+                    "read unchecked: %s", len(unchecked), runfolder.mf.MANIFEST,
+                    ", ".join(unchecked[:3]) + (" ..." if len(unchecked) > 3 else ""))
+    for f, m in manifests.items():
+        for h in m["history"] if m else ():
+            changed = {k: v for k, v in h["changed"].items() if k != "rounds"}
+            if changed:
+                log.warning("%s: settings changed when it was resumed after round %d: %s",
+                            f, h["round"], runfolder.mf.said(changed))
     runs = [{"folder": f, "summary": load_summary(f), "config": runfolder.load_config_json(f),
-             "rows": runfolder.read_metrics(f)} for f in outputs.unique_runs(folders)]
+             "rows": runfolder.read_metrics(f)} for f in folders]
     versions = sorted({str(r["summary"].get("provenance", {}).get("protofl", "unknown"))
                        for r in runs})
     if len(versions) > 1:

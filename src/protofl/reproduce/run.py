@@ -24,14 +24,16 @@ def run_reproduce(names: str | None, budget: str, out: Path, jobs: int | None = 
                   seeds: tuple[int, ...] | None = None,
                   overrides: dict[str, Any] | None = None,
                   splits: tuple[str, ...] | None = None, alternatives: bool = False,
-                  kept: Path | None = None, variants: tuple[str, ...] | None = None) -> str:
+                  kept: Path | None = None, variants: tuple[str, ...] | None = None,
+                  executor: str = "local") -> str:
     """Run the claims named at ``budget`` (``splits``, ``variants``: only these;
     ``alternatives``: the reconstruction's alternatives instead; ``kept``: not the runs this
-    evidence folder holds) and return their verdict tables (Markdown); ``OUT/claims.md``
-    holds them too, with ``kept``'s runs merged in."""
+    evidence folder holds; ``executor``: local processes or Ray tasks) and return their
+    verdict tables (Markdown); ``OUT/claims.md`` holds them too, with ``kept``'s runs merged
+    in."""
     from protofl.config import config_from_dict
+    from protofl.executor import execute
     from protofl.reproduce.tables import reproduction_markdown
-    from protofl.suites import execute
 
     record, work = reproduce_plan(names, budget, out, seeds, overrides, splits, alternatives,
                                   kept, variants)
@@ -39,7 +41,7 @@ def run_reproduce(names: str | None, budget: str, out: Path, jobs: int | None = 
         config_from_dict(raw)  # every config checked before anything runs
     write_record(out, record)  # first: a suite stopped early leaves a readable folder
     pretrain_encoders(names, budget, out, record)
-    execute(work, jobs, f"reproduce ({budget})")
+    execute(work, jobs, f"reproduce ({budget})", executor)
     text = reproduction_markdown([*([kept] if kept else []), out], only=list(record))
     (out / "claims.md").write_text(text + "\n")
     return text
