@@ -166,7 +166,7 @@ def plugin_origins(cfg: Config) -> dict[str, dict[str, Any]]:
     named = [("algorithm", "algorithm", cfg.algorithm, BUILTIN_ALGORITHMS),
              ("dataset", "data.name", cfg.data.name, DATASETS),
              ("trainer", "trainer", cfg.trainer, {"auto": "", **TRAINERS}),
-             ("model", "model.name", cfg.model.name, {"auto": "", **MODELS})]
+             ("model", "model.name", cfg.model.name, {"auto": "", hetero.NAME: "", **MODELS})]
     if cfg.data.partition is not None:
         named.append(("partition", "data.partition", cfg.data.partition,
                       dict.fromkeys(SCHEMES, "")))

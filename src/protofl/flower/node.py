@@ -99,7 +99,9 @@ def node_config_json(cfg_json: str, node_config: Any) -> str:
     """The run's config as this node builds it (JSON): no server-side callbacks or trackers,
     and this node's own device, threads and evaluation batch."""
     raw = json.loads(cfg_json)
-    plugins.check(raw.get("plugins") or {}, installed_only=True)  # no code the server names
+    used = {k: v for k, v in (raw.get("plugins") or {}).items()  # what this node loads
+            if not k.startswith(SERVER_ONLY)}
+    plugins.check(used, installed_only=True)  # no code the server merely names
     dropped = [k for k in SERVER_ONLY if raw.get(k)]
     if dropped:
         log(INFO, "protofl: %s run on the server only; not loaded here", ", ".join(dropped))
