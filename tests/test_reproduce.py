@@ -297,13 +297,13 @@ def test_amm_correlation_by_hand():
 def test_a_suite_stopped_early_leaves_its_record(tmp_path, monkeypatch):
     """The record is written before the runs, so a suite killed midway still reports the
     pairs that finished."""
-    import protofl.suites
+    import protofl.executor
     from protofl.reproduce import run_reproduce
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(protofl.suites, "execute", killed)
+    monkeypatch.setattr(protofl.executor, "execute", killed)
     with pytest.raises(KeyboardInterrupt):
         run_reproduce("digits", "short", tmp_path, seeds=(0,))
     record = json.loads((tmp_path / "reproduce.json").read_text())["claims"]
