@@ -218,7 +218,7 @@ def bad_value(hint: Any, rule: Rule) -> Any:
 
 def check_algorithm(algorithm: str | type, options: dict[str, Any] | None = None, *,
                     config: dict[str, Any] | None = None, tolerance: float = 1e-9,
-                    flower: bool = True) -> Report:
+                    flower: bool = True, only: tuple[str, ...] | None = None) -> Report:
     """Check that an algorithm (a name, an import path or the class) keeps protofl's
     contract, as every built-in does; raises :class:`ConformanceError` naming each property
     that broke, else returns the :class:`Report`. The properties:
@@ -241,21 +241,30 @@ def check_algorithm(algorithm: str | type, options: dict[str, Any] | None = None
 
     The run-level checks (resume, privacy, memory, flower) run a few rounds on digits with
     4 clients; ``config`` changes that run (e.g. ``{"data": {"name": "mydata"}}``).
+    ``only`` runs the properties it names (the contract always).
     """
     name, options = _name(algorithm), dict(options or {})
     run = merge(TINY_RUN, config or {})
+    checks: dict[str, Callable[[], str | None]] = {
+        "options": lambda: _options(name, options),
+        "uploads": lambda: _uploads(name, options),
+        "trainers": lambda: _trainers(name, options, tolerance),
+        "resume": lambda: _resume(name, options, run),
+        "privacy": lambda: _privacy(name, options, run),
+        "memory": lambda: _memory(name, options, run),
+        "cuda": lambda: _cuda(name, options),
+        "flower": lambda: _flower(name, options, run) if flower else "flower=False"}
+    unknown = set(only or ()) - {"contract", *checks}
+    if unknown:
+        raise ValueError(f"only: no property {sorted(unknown)}; properties: contract, "
+                         f"{', '.join(checks)}")
     report = Report(f"algorithm {name!r}")
     report.run("contract", lambda: _contract(name))
     if report.failed:  # nothing else can be built
         return report.raise_failures()
-    report.run("options", lambda: _options(name, options))
-    report.run("uploads", lambda: _uploads(name, options))
-    report.run("trainers", lambda: _trainers(name, options, tolerance))
-    report.run("resume", lambda: _resume(name, options, run))
-    report.run("privacy", lambda: _privacy(name, options, run))
-    report.run("memory", lambda: _memory(name, options, run))
-    report.run("cuda", lambda: _cuda(name, options))
-    report.run("flower", lambda: _flower(name, options, run) if flower else "flower=False")
+    for prop, check in checks.items():
+        if only is None or prop in only:
+            report.run(prop, check)
     return report.raise_failures()
 
 
