@@ -1,4 +1,4 @@
-"""Per-round wall time of the three-site walkthrough (docs/flower.md) on Flower's deployment
+"""Per-round wall time of the three-site walkthrough (docs/how-to/flower-sites.md) on Flower's deployment
 engine, with each node's data mapped from its cache (the default) against rebuilt from its
 files for every message (``data-cache=false``, how every round ran before the cache).
 
