@@ -237,7 +237,7 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
           merge(SYNTHETIC, {"algorithm": "fedmargin"}),
           ("Synthetic(1,1) as above, but 60 rounds of 20 local steps (batch 10, lr 0.01, 50% "
            "stragglers): the main suite's setting, a fifteenth of the FedProx protocol's "
-           "local work (which costs about 30 min a run on one core here)",),
+           "local work (minutes to about half an hour a run on one core here)",),
           CLASS_SHORT, FIRST_VARIANTS, FIRST_COMPARISONS, config="synthetic_main.yaml",
           stand_in="Synthetic(1,1) at the FedProx protocol (a shorter budget)",
           alternatives=tuple(ALTERNATIVES)),

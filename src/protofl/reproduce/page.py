@@ -30,8 +30,10 @@ def write_reproduction(sources: list[Path], md: Path, overwrite: bool = False,
     name = "reproduction"
     records = evidence.merge([Path(f) for f in sources])
     figure = forest(records, md.parent / "img" / "reproduction.png")
-    glance = ([f"![every comparison's mean difference and 95% interval, coloured by verdict]"
-               f"({figure.relative_to(md.parent).as_posix()})", ""] if figure else [])
+    alt = ("every comparison's mean difference and 95% interval, each reading coloured by "
+           "where it lies against 0, deciding comparisons bold")
+    glance = ([f"![{alt}]({figure.relative_to(md.parent).as_posix()})", ""]
+              if figure else [])
     blocks = {name: [*glance, tables_markdown(records)],
               f"{name}-sensitivity": [sensitivity_markdown(records)],
               f"{name}-words": [words_markdown(records)]}
