@@ -1,6 +1,7 @@
-"""Per-round wall time of the three-site walkthrough (docs/how-to/flower-sites.md) on Flower's deployment
-engine, with each node's data mapped from its cache (the default) against rebuilt from its
-files for every message (``data-cache=false``, how every round ran before the cache).
+"""Per-round wall time of the three-site walkthrough (docs/how-to/flower-sites.md) on
+Flower's deployment engine, with each node's data mapped from its cache (the default) against
+rebuilt from its files for every message (``data-cache=false``, how every round ran before
+the cache).
 
     python benchmarks/flower_deploy.py                   # 4 rounds, 40 images/class/site
     python benchmarks/flower_deploy.py --images 200 --size 128
