@@ -16,7 +16,6 @@ file (between its markers): one table per workload with the latest figure per
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import re
@@ -26,6 +25,11 @@ import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not on POSIX: appends are still one write each
+    fcntl = None
 
 HERE = Path(__file__).resolve().parent
 HISTORY = HERE / "history.jsonl"
@@ -107,7 +111,7 @@ def row(line: str, ctx: dict, now: datetime | None = None) -> dict | None:
         return None
     now = now or datetime.now(timezone.utc)
     return {**figures, "date": now.strftime("%Y-%m-%dT%H:%MZ"), **ctx,
-            "load": round(os.getloadavg()[0], 2)}
+            "load": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
 
 
 def append(r: dict, path: Path = HISTORY) -> None:
@@ -115,7 +119,8 @@ def append(r: dict, path: Path = HISTORY) -> None:
     data = (json.dumps(r, ensure_ascii=False) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, data)
     finally:
         os.close(fd)
@@ -212,8 +217,8 @@ def render(rows: list[dict]) -> str:
     best = latest(rows)
     out = [BEGIN, "", f"The latest of {len(rows)} rows in [history.jsonl](history.jsonl), "
            "which keeps every earlier measurement. `load`: the 1-minute load average when the "
-           "line was printed (on 2 cores, above 2 no core was free); rows copied from the "
-           "earlier page say theirs in parentheses.", ""]
+           "line was printed (above the machine's core count, no core was free); rows copied "
+           "from the earlier page say theirs in parentheses.", ""]
     for workload in sorted({w for w, _ in best}):
         runs: list[str] = []
         table = ["| vs | protofl s/round | other s/round | ratio | run |", "|---|---|---|---|---|"]
