@@ -143,3 +143,11 @@ def test_context_names_the_commit_and_the_command():
                           capture_output=True, text=True).stdout.strip()
     assert ctx["commit"] == head and isinstance(ctx["dirty"], bool)
     assert ctx["machine"]["cores"] >= 1
+
+
+def test_every_script_that_prints_comparison_lines_records_them():
+    printing = [p for p in (ROOT / "benchmarks").glob("*.py") if p.name != "history.py"
+                and "protofl {" in p.read_text() and "ratio {" in p.read_text()]
+    assert {p.name for p in printing} >= {"speed.py", "heavy_tail.py", "flower_sim.py"}
+    for p in printing:
+        assert "history.hook()" in p.read_text(), p.name
