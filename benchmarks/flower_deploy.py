@@ -95,6 +95,8 @@ def site_build(base: Path, images: int, source: int, size: int, repeats: int = 3
 
 
 def main() -> None:
+    import history  # benchmarks/history.py: record the comparison lines
+    history.hook()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--images", type=int, default=40, help="images per class per site")

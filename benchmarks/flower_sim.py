@@ -89,6 +89,8 @@ def on_flower(cfg: Config, cores: int) -> list[float]:
 
 
 def main() -> None:
+    import history  # benchmarks/history.py: record the comparison lines
+    history.hook()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=4, help="rounds per variant (>= 2)")
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1,

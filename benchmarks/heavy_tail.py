@@ -197,6 +197,8 @@ def report(w: Workload, times: dict[str, list[float]]) -> None:
 
 
 def main() -> None:
+    import history  # benchmarks/history.py: record the comparison lines
+    history.hook()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="E = 2 instead of 20")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds")

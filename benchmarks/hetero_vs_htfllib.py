@@ -310,6 +310,8 @@ def parse_overrides(items: list[str]) -> dict:
 
 
 def main() -> None:
+    import history  # benchmarks/history.py: record the comparison lines
+    history.hook()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--seeds", default="0,1,2,3,4")

@@ -468,6 +468,8 @@ def usable_cores() -> int:
 
 
 def main() -> None:
+    import history  # benchmarks/history.py: record the comparison lines
+    history.hook()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 warm-up + 3 timed rounds")
     ap.add_argument("--workloads", default="mlp,cnn,mnist")
