@@ -180,11 +180,17 @@ def load(path: Path = HISTORY) -> list[dict]:
     return rows
 
 
-def latest(rows: list[dict]) -> dict[tuple[str, str], dict]:
-    """The latest row per (workload, other): the last date; on a tie, the later row."""
-    best: dict[tuple[str, str], dict] = {}
+def device(r: dict) -> str:
+    """Where a row ran: its GPU's name, else "CPU"."""
+    return (r.get("machine") or {}).get("gpu") or "CPU"
+
+
+def latest(rows: list[dict]) -> dict[tuple[str, str, str], dict]:
+    """The latest row per (workload, other, device): the last date; on a tie, the later
+    row. A GPU's figure stays beside the CPU's, however old."""
+    best: dict[tuple[str, str, str], dict] = {}
     for r in rows:
-        key = (r["workload"], r["other"])
+        key = (r["workload"], r["other"], device(r))
         if key not in best or r["date"] >= best[key]["date"]:
             best[key] = r
     return best
@@ -219,17 +225,18 @@ def render(rows: list[dict]) -> str:
            "which keeps every earlier measurement. `load`: the 1-minute load average when the "
            "line was printed (above the machine's core count, no core was free); rows copied "
            "from the earlier page say theirs in parentheses.", ""]
-    for workload in sorted({w for w, _ in best}):
+    for workload in sorted({w for w, _, _ in best}):
         runs: list[str] = []
-        table = ["| vs | protofl s/round | other s/round | ratio | run |", "|---|---|---|---|---|"]
-        for (w, other), r in sorted(best.items()):
+        table = ["| vs | on | protofl s/round | other s/round | ratio | run |",
+                 "|---|---|---|---|---|---|"]
+        for (w, other, dev), r in sorted(best.items()):
             if w != workload:
                 continue
             run = _run(r)
             if run not in runs:
                 runs.append(run)
-            table.append(f"| {other} | {r['protofl_s']} | {r['other_s']} | {r['ratio']} | "
-                         f"{runs.index(run) + 1} |")
+            table.append(f"| {other} | {dev} | {r['protofl_s']} | {r['other_s']} | "
+                         f"{r['ratio']} | {runs.index(run) + 1} |")
         out += [f"### {workload}", "", *table, "",
                 *(f"{i}. {run}" for i, run in enumerate(runs, 1)), ""]
     out.append(END)

@@ -1,5 +1,5 @@
 """benchmarks/history.py: a printed comparison line becomes a history row, the page's tables
-show the latest row per (workload, other), and the committed page is generated from the
+show the latest row per (workload, other, device), and the committed page is generated from the
 committed history."""
 
 from __future__ import annotations
@@ -67,18 +67,22 @@ def test_render_shows_the_latest_row_per_workload_and_other():
             _r("mlp", "loop", 1.0, 9.0, "2026-12-01", "older"),  # later in the file, older date
             _r("mlp", "flower", 1.0, 5.0, "2026-12-03T10:00Z", "new"),
             _r("cnn", "loop", 2.0, 3.0, "2026-12-01T09:00Z"),
-            _r("cnn", "loop", 2.0, 4.0, "2026-12-01T09:00Z", "tie")]  # same date: the later row
+            _r("cnn", "loop", 2.0, 4.0, "2026-12-01T09:00Z", "tie"),  # same date: the later row
+            {**_r("mlp", "loop", 0.5, 5.0, "2026-11-01", "gpu"),  # older, but on a GPU
+             "machine": {"gpu": "NVIDIA H200", "cores": 16}}]
     best = history.latest(rows)
     assert {k: v["ratio"] for k, v in best.items()} == \
-        {("mlp", "loop"): 3.0, ("mlp", "flower"): 5.0, ("cnn", "loop"): 2.0}
+        {("mlp", "loop", "CPU"): 3.0, ("mlp", "flower", "CPU"): 5.0, ("cnn", "loop", "CPU"): 2.0,
+         ("mlp", "loop", "NVIDIA H200"): 10.0}
     page = history.render(rows)
     assert page.startswith(history.BEGIN) and page.rstrip().endswith(history.END)
     assert page.count("### ") == 2 and page.index("### cnn") < page.index("### mlp")
     mlp = page[page.index("### mlp"):]
-    assert "| flower | 1.0 | 5.0 | 5.0 | 1 |" in mlp and "| loop | 1.0 | 3.0 | 3.0 | 1 |" in mlp
+    assert "| flower | CPU | 1.0 | 5.0 | 5.0 | 1 |" in mlp
+    assert "| loop | CPU | 1.0 | 3.0 | 3.0 | 1 |" in mlp and "| loop | NVIDIA H200 | 0.5 |" in mlp
     assert "1. 2026-12-03T10:00Z, 2 cores: `new`" in mlp
     assert "`old`" not in page and "`older`" not in page and "| 2.0 | 3.0 | 1.5 |" not in page
-    assert "of 6 rows" in page
+    assert "of 7 rows" in page
 
 
 def test_write_page_replaces_only_the_generated_part(tmp_path):
