@@ -27,7 +27,7 @@ from protofl.engine import runfolder  # noqa: E402
 from protofl.engine.experiment import Experiment  # noqa: E402
 
 SITES = 3
-TIMEOUT = 40.0  # round-timeout, seconds (a SuperNode starts a ClientApp process a message)
+TIMEOUT = 25.0  # round-timeout, seconds (a SuperNode starts a ClientApp process a message)
 
 
 def tiny(seed: int, rounds: int):
