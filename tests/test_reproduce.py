@@ -99,7 +99,8 @@ def test_variants_picks_one_comparisons_runs_over_every_seed_first(tmp_path, cap
     assert "--variants" in capsys.readouterr().err
 
 
-def test_absent_data_is_reported_not_run(tmp_path):
+def test_absent_data_is_reported_not_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the claims' data roots are relative: none is here
     record, jobs = reproduce_plan("mnist,voc,ham10000,digits", "paper", tmp_path)
     for name in ("mnist", "voc", "ham10000"):
         assert record[name]["status"].startswith("not run here: needs ")
@@ -122,7 +123,8 @@ def test_unknown_claim_or_budget_is_one_clear_error():
         reproduce_plan("digits", "long", Path("o"))
 
 
-def test_short_budget_end_to_end(tmp_path, capsys):
+def test_short_budget_end_to_end(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no data/mnist here, even where a reader fetched it
     out = tmp_path / "rep"
     assert main(["suite", "reproduce", "--claims", "synthetic,mnist", "--budget", "short",
                  "--seeds", "0", "--rounds", "1", "--jobs", "1", "--out", str(out)]) == 0
