@@ -33,11 +33,10 @@ def _strip(rows):
 
 
 @pytest.fixture
-def measured(monkeypatch, tmp_path):
-    """Calibration on, into an empty cache of its own; ``measured(costs)`` sets what the next
+def measured(monkeypatch):
+    """Calibration on; ``measured(costs)`` sets what the next
     measurement gives (no timing) and empties the cache."""
     monkeypatch.setenv("PROTOFL_CALIBRATE", "1")
-    monkeypatch.setenv("PROTOFL_CACHE", str(tmp_path / "cache"))
 
     def use(table: dict) -> None:
         cache.clear(("calibration",))
