@@ -7,8 +7,8 @@ each in-process trainer that can train the model (``STEPS`` local steps each): t
 vectorized trainer), the compiled step at ``CLIENTS`` clients and its compile (the compiled
 trainer; ``protofl calibrate`` only: the automatic calibration scales the vmap step's cost
 by the constants' ratio instead of compiling), and the plain step on every usable core (the
-parallel trainer's lead). Each round runs twice and the faster counts; torch's global generator is left as it was. It becomes a
-cost table in the form of ``costs.CPU`` with the arithmetic folded into the overheads
+parallel trainer's lead). Each round runs twice and the faster counts; torch's global
+generator is left as it was. It becomes a cost table in the form of ``costs.CPU`` with the arithmetic folded into the overheads
 (``rate`` infinite: the key fixes the model and batch); starting processes and their messages
 keep the constants.
 
