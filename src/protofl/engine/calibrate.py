@@ -8,9 +8,9 @@ vectorized trainer), the compiled step at ``CLIENTS`` clients and its compile (t
 trainer; ``protofl calibrate`` only: the automatic calibration scales the vmap step's cost
 by the constants' ratio instead of compiling), and the plain step on every usable core (the
 parallel trainer's lead). Each round runs twice and the faster counts; torch's global
-generator is left as it was. It becomes a cost table in the form of ``costs.CPU`` with the arithmetic folded into the overheads
-(``rate`` infinite: the key fixes the model and batch); starting processes and their messages
-keep the constants.
+generator is left as it was. It becomes a cost table in the form of ``costs.CPU`` with the
+arithmetic folded into the overheads (``rate`` infinite: the key fixes the model and batch);
+starting processes and their messages keep the constants.
 
 The table is kept in ``<protofl cache>/calibration/<key>.json`` (written atomically), the key
 a hash of the machine (CPU or GPU model, usable cores, torch threads, torch version) and the

@@ -71,7 +71,8 @@ class Experiment:
         self.stopped = ""  # why the run ended before cfg.rounds (the privacy budget)
         self.elapsed = 0.0
         self.last: dict = {}  # the last evaluated round's record
-        plan = read_plan(self.cfg.trainer_plan) if self.cfg.trainer_plan else None
+        plan = (read_plan(self.cfg.trainer_plan) if self.cfg.trainer_plan and trainer is None
+                else None)
         self.trainer = hetero.grouped(trainer or trainers.make(
             self.cfg.trainer, self.alg.model, self.device, self.cfg.workers,
             self.cfg.precision, self.cfg.rounds, self.cfg.calibrate, plan), self.alg)
