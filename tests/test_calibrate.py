@@ -193,3 +193,28 @@ def test_cache_info_and_clear(measured, tiny_round, capsys):
     assert main(["cache", "clear", "--only", "calibration"]) == 0
     assert not list(calibrate.folder().glob("*.json"))
     assert "calibration: removed" in capsys.readouterr().out
+
+
+def test_a_calibration_compiles_only_where_the_compile_may_pay(measured, tiny_round,
+                                                              monkeypatch):
+    import dataclasses
+
+    from protofl.engine.schedule import Job
+    from protofl.engine.trainers import Auto
+
+    model = tiny_round.alg.model
+    tiny_round = dataclasses.replace(tiny_round, jobs=[Job(0, 2), Job(1, 2)])
+    short = Auto(model, rounds=1, calibrate=True)
+    assert "compiled" in short.trainers and not short.worth_compiling(tiny_round)
+    # the constants' 40 s compile against a million rounds of training: it may pay
+    assert Auto(model, rounds=10**6, calibrate=True).worth_compiling(tiny_round)
+
+    asked = []
+    monkeypatch.setattr(calibrate, "measure", lambda rc, names, compile=False: asked.append(
+        compile) or ({**PLAIN_WINS, "compile": 1.0} if compile else dict(PLAIN_WINS)))
+    cache.clear(("calibration",))
+    calibrate.costs_for(tiny_round, ["sequential", "compiled"])
+    calibrate.costs_for(tiny_round, ["sequential", "compiled"])  # cached
+    table, _ = calibrate.costs_for(tiny_round, ["sequential", "compiled"], compile=True)
+    calibrate.costs_for(tiny_round, ["sequential", "compiled"], compile=True)  # cached
+    assert asked == [False, True] and table["compile"] == 1.0

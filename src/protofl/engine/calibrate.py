@@ -3,14 +3,14 @@
 
 A calibration times, on the run's own algorithm, data, batch and device, a few short rounds of
 each in-process trainer that can train the model (``STEPS`` local steps each): the plain step
-(the sequential trainer, one client), the vmap step at 1 and ``CLIENTS`` clients (the
-vectorized trainer), the compiled step at ``CLIENTS`` clients and its compile (the compiled
-trainer; ``protofl calibrate`` only: the automatic calibration scales the vmap step's cost
-by the constants' ratio instead of compiling), and the plain step on every usable core (the
-parallel trainer's lead). Each round runs twice and the faster counts; torch's global
-generator is left as it was. It becomes a cost table in the form of ``costs.CPU`` with the
-arithmetic folded into the overheads (``rate`` infinite: the key fixes the model and batch);
-starting processes and their messages keep the constants.
+(the sequential trainer, one client), the vmap step at 1 and ``CLIENTS`` clients (the vectorized
+trainer), the compiled step at ``CLIENTS`` clients and its compile (the compiled trainer, where
+a compile may pay: ``protofl calibrate``, or a run whose constants put the compile under half
+its training; else its cost is the vmap step's scaled by the constants' ratio), and the plain
+step on every usable core (the parallel trainer's lead). Each round runs twice and the faster
+counts; torch's global generator is left as it was. It becomes a cost table in the form of
+``costs.CPU`` with the arithmetic folded into the overheads (``rate`` infinite: the key fixes
+the model and batch); starting processes and their messages keep the constants.
 
 The table is kept in ``<protofl cache>/calibration/<key>.json`` (written atomically), the key
 a hash of the machine (CPU or GPU model, usable cores, torch threads, torch version) and the
@@ -221,6 +221,8 @@ def costs_for(rc: RoundContext, names: list[str], remeasure: bool = False,
     measured = None if remeasure else load(key)
     if measured is None and not remeasure and path.exists():
         return None, None  # damaged: said by load
+    if measured is not None and compile and "compile" not in measured:
+        measured = None  # timed without its compile: a run that may pay for it times it
     if measured is None:
         log.warning("calibrating the trainers for %s at batch %d on this machine (once; "
                     "calibrate: false skips it)", sig["model"], sig["batch"])

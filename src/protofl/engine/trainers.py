@@ -161,6 +161,7 @@ def rounds_by_trainer(trainer: Trainer) -> dict[str, dict[str, int]]:
     return {"trainer_rounds": {n: chosen.count(n) for n in dict.fromkeys(chosen)}}
 
 
+COMPILE_SHARE = 0.5  # a calibration compiles where that is under this share of the run
 CLOSE = 0.05  # estimates within 5% of each other are a tie: the constants are not finer
 
 
@@ -216,6 +217,17 @@ class Auto:
         work = round_work(rc, rounds_left=max(1, self.rounds - rc.round + 1))
         return dataclasses.replace(work, table=self.table)
 
+    def worth_compiling(self, rc: RoundContext) -> bool:
+        """Whether a calibration should time the compiled step (a compile): where the
+        constants' compile is under ``COMPILE_SHARE`` of the run's estimated training by the
+        other trainers, so that it may pay."""
+        if "compiled" not in self.trainers:
+            return False
+        work = round_work(rc, rounds_left=max(1, self.rounds - rc.round + 1))
+        others = min((t.estimate(work) for n, t in self.trainers.items() if n != "compiled"),
+                     default=0.0)
+        return work.constants()["compile"] < COMPILE_SHARE * others * work.rounds_left
+
     def choose(self, rc: RoundContext) -> str:
         name = self.plan.rounds.get(rc.round)
         if name is None:
@@ -233,7 +245,8 @@ class Auto:
 
             self.calibrate = False  # once: the first round's model, data and setup
             if hetero.groups_of(rc.alg) is None:  # a heterogeneous run keeps the constants
-                self.table, self.calibration = cal.costs_for(rc, list(self.trainers))
+                self.table, self.calibration = cal.costs_for(
+                    rc, list(self.trainers), compile=self.worth_compiling(rc))
         name = self.choose(rc)
         self.chosen.append(name)
         trainer = self.trainers[name]
