@@ -247,8 +247,9 @@ class Experiment:
                 cb.before_run(view)
             if self.store is not None:
                 self.store.start(self.cfg.to_dict(), self.round)
-                if self.store.replay is not None:  # a resumed run trains its rounds again
-                    trainers.replay(self.trainer, self.store.replay)
+                replay = self.store.replay  # a resumed run trains its rounds again
+                if replay is not None and (replay.rounds or replay.calibration):
+                    trainers.replay(self.trainer, replay)
             for cb in self.callbacks:
                 cb.on_run_start(view)
             if self.round < self.cfg.rounds:  # a resumed run that had stopped (a budget)
