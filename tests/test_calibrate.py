@@ -218,3 +218,16 @@ def test_a_calibration_compiles_only_where_the_compile_may_pay(measured, tiny_ro
     table, _ = calibrate.costs_for(tiny_round, ["sequential", "compiled"], compile=True)
     calibrate.costs_for(tiny_round, ["sequential", "compiled"], compile=True)  # cached
     assert asked == [False, True] and table["compile"] == 1.0
+
+
+def test_an_unwritable_cache_falls_back_to_the_constants_in_one_line(measured, tiny_round,
+                                                                     tmp_path, monkeypatch,
+                                                                     caplog):
+    measured(PLAIN_WINS)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("PROTOFL_CACHE", str(blocker))  # the cache folder cannot be made
+    with caplog.at_level(logging.WARNING, logger="protofl"):
+        assert calibrate.costs_for(tiny_round, ["sequential"]) == (None, None)
+    [line] = [r.getMessage() for r in caplog.records if "calibrating" not in r.getMessage()]
+    assert "cannot be cached" in line and "fixed cost constants" in line

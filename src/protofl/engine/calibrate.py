@@ -112,7 +112,7 @@ def load(key: str) -> dict[str, float] | None:
     path = folder() / f"{key}.json"
     try:
         entry = json.loads(path.read_bytes())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     except (OSError, ValueError) as e:
         log.warning("calibration %s cannot be read (%s); auto uses the fixed cost constants "
