@@ -12,8 +12,8 @@ size, SGD learning rate):
 
 - ``auto``: protofl as a run trains by default (``trainer: auto``, ``workers: auto``,
   ``threads: null``, ``calibrate: true``: its first, warm-up round measures the trainers'
-  costs unless protofl's cache holds them, ``$PROTOFL_CALIBRATE=0`` keeps the constants): for the CNN on a multi-core CPU the parallel trainer (one worker process
-  per core, vectorized within each), for the MLP the vectorized trainer; + FedAvg aggregation.
+  costs unless protofl's cache holds them, ``$PROTOFL_CALIBRATE=0`` keeps the constants):
+  each round the trainer the measured costs find cheapest; + FedAvg aggregation.
   The ``[workload] vs ...`` lines are this variant's;
 - ``vectorized``, ``compiled``, ``sequential``, ``parallel``, ``parallel-sequential``:
   protofl's trainers forced (``engine/vectorized.py``, ``engine/compiled.py`` — windows of
