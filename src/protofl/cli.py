@@ -545,24 +545,8 @@ def report_parsers(sub) -> None:
     q.set_defaults(func=cmd_tsne)
 
 
-def listing_parsers(sub) -> None:
-    """``algorithms``, ``datasets``, ``suites``, ``options``, ``docs``, ``stats`` and
-    ``data``: what protofl has and can get."""
-    q = sub.add_parser("algorithms", help="list the algorithms")
-    q.add_argument("--verbose", dest="details", action="store_true",
-                   help="also each algorithm's paper settings of clients.* and its options")
-    q.set_defaults(func=cmd_algorithms)
-    q = sub.add_parser("models", help="list the models with their parameter counts")
-    q.add_argument("--input", default="1,28,28", help="the input shape the counts are for "
-                   "(C,H,W; default 1,28,28)")
-    q.add_argument("--classes", type=int, default=10, help="the number of classes (default 10)")
-    q.set_defaults(func=cmd_models)
-    for name, func, text in (("datasets", cmd_datasets, "list the datasets"),
-                             ("suites", cmd_suites, "list the experiment suites"),
-                             ("trainers", cmd_trainers, "list the trainers"),
-                             ("options", cmd_options,
-                              "every config and algorithm option, as Markdown tables")):
-        sub.add_parser(name, help=text).set_defaults(func=func)
+def machine_parsers(sub) -> None:
+    """``calibrate`` and ``cache``: what protofl keeps about this machine."""
     q = sub.add_parser("calibrate", help="measure the trainers' step costs for a config's "
                        "model on this machine (what trainer: auto reads; kept in the cache)")
     config_args(q, with_out=False)
@@ -581,6 +565,27 @@ def listing_parsers(sub) -> None:
     r.add_argument("--only", action="append", choices=("calibration", "compiled", "data"),
                    help="a part to remove (repeatable; default: every part)")
     r.set_defaults(func=cmd_cache)
+
+
+def listing_parsers(sub) -> None:
+    """``algorithms``, ``datasets``, ``suites``, ``options``, ``docs``, ``stats`` and
+    ``data``: what protofl has and can get."""
+    q = sub.add_parser("algorithms", help="list the algorithms")
+    q.add_argument("--verbose", dest="details", action="store_true",
+                   help="also each algorithm's paper settings of clients.* and its options")
+    q.set_defaults(func=cmd_algorithms)
+    q = sub.add_parser("models", help="list the models with their parameter counts")
+    q.add_argument("--input", default="1,28,28", help="the input shape the counts are for "
+                   "(C,H,W; default 1,28,28)")
+    q.add_argument("--classes", type=int, default=10, help="the number of classes (default 10)")
+    q.set_defaults(func=cmd_models)
+    for name, func, text in (("datasets", cmd_datasets, "list the datasets"),
+                             ("suites", cmd_suites, "list the experiment suites"),
+                             ("trainers", cmd_trainers, "list the trainers"),
+                             ("options", cmd_options,
+                              "every config and algorithm option, as Markdown tables")):
+        sub.add_parser(name, help=text).set_defaults(func=func)
+    machine_parsers(sub)
     q = sub.add_parser("docs", help="regenerate the docs' tables from the declarations")
     q.add_argument("--dir", default="docs", help="the docs folder (default: docs)")
     q.add_argument("--check", action="store_true", help="only say which files are stale "
