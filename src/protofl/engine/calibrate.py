@@ -7,8 +7,10 @@ each in-process trainer that can train the model (``STEPS`` local steps each): t
 trainer), the compiled step at ``CLIENTS`` clients and its compile (the compiled trainer, where
 a compile may pay: ``protofl calibrate``, or a run whose constants put the compile under half
 its training; else its cost is the vmap step's scaled by the constants' ratio), and the plain
-step on every usable core (the parallel trainer's lead). Each round runs twice and the faster
-counts; torch's global generator is left as it was. It becomes a cost table in the form of
+step on every usable core (the parallel trainer's lead). Each round runs three times and the
+fastest counts, in the process's CPU time on a CPU (wall clock for the plain step on every
+core, a compile and on CUDA), so that a busy machine's other processes do not enter the
+costs; torch's global generator is left as it was. It becomes a cost table in the form of
 ``costs.CPU`` with the arithmetic folded into the overheads (``rate`` infinite: the key fixes
 the model and batch); starting processes and their messages keep the constants.
 
@@ -47,6 +49,7 @@ ENV = "PROTOFL_CALIBRATE"  # "0": never calibrate (the constants decide)
 FOLDER = "calibration"
 VERSION = 1
 STEPS = costs.COMPILED_STEPS  # local steps of each timed round (one compiled window)
+REPEATS = 3  # rounds timed of each; the fastest counts
 CLIENTS = 8  # clients of the larger timed vmap and compiled rounds (a power of two)
 
 
@@ -147,16 +150,22 @@ def _round(rc: RoundContext, clients: list[int]) -> RoundContext:
                                client_states={}, upload_hook=None)
 
 
-def _timed(trainer: Any, rc: RoundContext) -> tuple[float, float]:
-    """Seconds of the first and the faster of two rounds of ``trainer`` on ``rc``."""
-    times = []
-    for _ in range(2):
-        start = time.perf_counter()
+def _timed(trainer: Any, rc: RoundContext, wall: bool = False) -> tuple[float, float]:
+    """Seconds of the first of ``REPEATS`` rounds of ``trainer`` on ``rc`` (wall clock: a
+    compile's included) and of the fastest. On a CPU the fastest is the process's CPU time
+    (unless ``wall``), so that other processes' load is not measured: the costs are the
+    machine's, not the moment's; on CUDA it is the wall clock, the device synchronized."""
+    cuda = torch.device(rc.setup.device).type == "cuda"
+    clock = time.perf_counter if wall or cuda else time.process_time
+    first, best = 0.0, math.inf
+    for _ in range(REPEATS):
+        start, used = time.perf_counter(), clock()
         trainer.train(rc)
-        if torch.device(rc.setup.device).type == "cuda":
+        if cuda:
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return times[0], min(times)
+        best = min(best, clock() - used)
+        first = first or time.perf_counter() - start
+    return first, best
 
 
 def measure(rc: RoundContext, names: list[str], compile: bool = False) -> dict[str, float]:
@@ -182,12 +191,14 @@ def measure(rc: RoundContext, names: list[str], compile: bool = False) -> dict[s
         out["plain"] = _timed(SequentialTrainer(), one)[1] / STEPS
         cores = usable_cores()
         if "parallel" in names and cores > 1:
+            narrow = _timed(SequentialTrainer(), one, wall=True)[1]
             torch.set_num_threads(cores)
             try:
-                wide = _timed(SequentialTrainer(), one)[1] / STEPS
+                wide = _timed(SequentialTrainer(), one, wall=True)[1]
             finally:
                 torch.set_num_threads(threads)
-            out["thread_sync"] = (wide - out["plain"]) / (cores - 1)
+            # the plain step's speed-up on every core, on the wall clock
+            out["thread_sync"] = out["plain"] * (wide / narrow - 1) / (cores - 1)
             out["thread_gain"] = 0.0
         if n > 1 and ("vectorized" in names or "compiled" in names):
             v1 = _timed(VectorizedTrainer(solo_max=0), one)[1] / STEPS
