@@ -231,3 +231,22 @@ def test_an_unwritable_cache_falls_back_to_the_constants_in_one_line(measured, t
         assert calibrate.costs_for(tiny_round, ["sequential"]) == (None, None)
     [line] = [r.getMessage() for r in caplog.records if "calibrating" not in r.getMessage()]
     assert "cannot be cached" in line and "fixed cost constants" in line
+
+
+def test_a_folder_without_a_plan_resumes_on_the_constants(measured, tmp_path, kill_after,
+                                                          monkeypatch):
+    monkeypatch.setenv("PROTOFL_CALIBRATE", "0")  # an earlier protofl: the constants
+    run_experiment(config_from_dict(_raw()), tmp_path / "full")
+    with kill_after(1), pytest.raises(KeyboardInterrupt):
+        run_experiment(config_from_dict(_raw()), tmp_path / "killed")
+    killed = tmp_path / "killed"
+    (killed / PLAN).unlink()  # as a folder written before plans
+    m = json.loads((killed / "manifest.json").read_text())
+    del m["files"][PLAN]
+    (killed / "manifest.json").write_text(json.dumps(m))
+    measured(VMAP_WINS)  # calibration on now, and its costs would choose otherwise
+    resume_experiment(killed)
+    assert read_plan(killed).rounds == {2: "sequential", 3: "sequential"}
+    assert read_plan(tmp_path / "full").rounds == {1: "sequential", 2: "sequential",
+                                                   3: "sequential"}
+    assert _strip(read_metrics(killed)) == _strip(read_metrics(tmp_path / "full"))

@@ -247,9 +247,9 @@ class Experiment:
                 cb.before_run(view)
             if self.store is not None:
                 self.store.start(self.cfg.to_dict(), self.round)
-                replay = self.store.replay  # a resumed run trains its rounds again
-                if replay is not None and (replay.rounds or replay.calibration):
-                    trainers.replay(self.trainer, replay)
+                if self.round:  # resumed: trained as the run was (no plan.jsonl: a folder
+                    # of an earlier protofl, whose auto read the constants)
+                    trainers.replay(self.trainer, self.store.replay or trainers.Plan())
             for cb in self.callbacks:
                 cb.on_run_start(view)
             if self.round < self.cfg.rounds:  # a resumed run that had stopped (a budget)

@@ -271,10 +271,12 @@ class Plan:
 
 
 def replay(trainer: Any, plan: Plan) -> None:
-    """``trainer`` (an :class:`Auto`, perhaps grouped) replays ``plan``; others have none."""
+    """``trainer`` (an :class:`Auto`, perhaps grouped) replays a resumed run's ``plan``, its
+    costs and nothing measured anew; other trainers have no plan."""
     inner = getattr(trainer, "inner", trainer)
     if isinstance(inner, Auto):
         inner.replay(plan)
+        inner.calibrate = False
 
 
 def last_choice(trainer: Any) -> tuple[str, str | None, dict[str, float] | None]:
