@@ -9,7 +9,8 @@
 # Steps, each under its own time budget (`timeout`), every figure appended to $OUT as it is
 # measured (a step that is killed loses only itself): install the carried wheels and protofl
 # (`pip install --no-deps --no-index` into $SITE; the machine's own torch is used), the
-# environment (GPU, driver, torch, CUDA) -> env.txt, `pytest -m gpu` -> pytest.txt, then
+# environment (GPU, driver, torch, CUDA) -> env.txt, `pytest -m gpu` -> pytest.txt, the
+# trainers' costs calibrated on the GPU (`protofl calibrate`) -> calibrate.txt, then
 # speed.py's workloads one by one (mlp, cnn, mnist-protocol, deeplab: protofl vs the plain loop,
 # Flower and the floor on the GPU) -> speed.txt and figures.jsonl, and the headline
 # `[mnist-protocol] 100 rounds: N s`. gpu.log holds every step's exit status and time.
@@ -145,6 +146,16 @@ XDIST=()
 "$PY" -c "import xdist" 2>/dev/null && [ "$DRY" = 0 ] && XDIST=(-n 4)
 want pytest-gpu && step pytest-gpu 240 pytest.txt "$PY" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider \
   "${XDIST[@]}"
+
+# the trainers' step costs measured on this GPU (what trainer: auto reads; engine/calibrate.py):
+# the default config's MLP and the digits CNN, compiled steps included -> calibrate.txt
+if want calibrate; then
+  step calibrate-mlp 90 calibrate.txt "$PY" -m protofl calibrate --device "$DEVICE" \
+    --set data.num_clients=30
+  step calibrate-cnn 90 calibrate.txt "$PY" -m protofl calibrate --device "$DEVICE" \
+    --dataset digits --algorithm fedavg
+  cat "$PROTOFL_CACHE"/calibration/*.json >> "$OUT/calibrate.txt" 2>/dev/null
+fi
 
 SPEED=("$PY" benchmarks/speed.py --quick --no-memory --device "$DEVICE" --jsonl "$FIG")
 VARIANTS=${VARIANTS:-auto,compiled,loop,floor}  # compiled: windows of steps as CUDA graphs

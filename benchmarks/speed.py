@@ -11,8 +11,9 @@ Workloads ``mlp`` and ``cnn`` compare these variants (same model, clients, local
 size, SGD learning rate):
 
 - ``auto``: protofl as a run trains by default (``trainer: auto``, ``workers: auto``,
-  ``threads: null``): for the CNN on a multi-core CPU the parallel trainer (one worker process
-  per core, vectorized within each), for the MLP the vectorized trainer; + FedAvg aggregation.
+  ``threads: null``, ``calibrate: true``: its first, warm-up round measures the trainers'
+  costs unless protofl's cache holds them, ``$PROTOFL_CALIBRATE=0`` keeps the constants):
+  each round the trainer the measured costs find cheapest; + FedAvg aggregation.
   The ``[workload] vs ...`` lines are this variant's;
 - ``vectorized``, ``compiled``, ``sequential``, ``parallel``, ``parallel-sequential``:
   protofl's trainers forced (``engine/vectorized.py``, ``engine/compiled.py`` — windows of
@@ -124,7 +125,7 @@ def protofl_trainer(variant: str, model, workers: int, device: str = "cpu"):
 
     if variant == "parallel-sequential":
         return ParallelTrainer(workers, "sequential")
-    return trainers.make(variant, model, device, workers, rounds=1000)
+    return trainers.make(variant, model, device, workers, rounds=1000, calibrate=True)
 
 
 def protofl_threads(variant: str, model, threads: int) -> int:

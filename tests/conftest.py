@@ -1,3 +1,4 @@
+import getpass
 import os
 import tempfile
 
@@ -7,6 +8,11 @@ import torch
 # tests never read or fill the user's data cache (~/.cache/protofl); set before any test so
 # that the processes tests start (Ray workers, SuperNodes) inherit it
 os.environ.setdefault("PROTOFL_CACHE", tempfile.mkdtemp(prefix="protofl-test-cache-"))
+# trainer: auto reads engine/costs.py's constants in tests (deterministic, no timing)
+os.environ["PROTOFL_CALIBRATE"] = "0"
+# ... and torch's compile cache where it was (warm between test sessions), not in the temp cache
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
+    tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
 
 
 @pytest.fixture(autouse=True)

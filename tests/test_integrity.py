@@ -149,16 +149,18 @@ def copy(finished, tmp_path):
 def test_a_finished_folder_verifies_and_records_every_file(finished, capsys):
     m = manifest.read(finished)
     assert sorted(m["files"]) == [runfolder.CHECKPOINT, runfolder.CONFIG, runfolder.METRICS,
-                                  runfolder.SUMMARY, "weights/round_0001.safetensors",
+                                  runfolder.PLAN, runfolder.SUMMARY,
+                                  "weights/round_0001.safetensors",
                                   "weights/round_0002.safetensors",
                                   "weights/round_0003.safetensors"]
-    for name in (runfolder.CHECKPOINT, runfolder.CONFIG, runfolder.METRICS, runfolder.SUMMARY):
+    for name in (runfolder.CHECKPOINT, runfolder.CONFIG, runfolder.METRICS, runfolder.PLAN,
+                 runfolder.SUMMARY):
         data = (finished / name).read_bytes()  # an independent hash of each file
         assert m["files"][name]["sha256"] == hashlib.sha256(data).hexdigest()
     assert m["files"][runfolder.CHECKPOINT]["round"] == 3
     assert m["files"][runfolder.CONFIG]["settings"] == runfolder.load_config_json(finished)
     assert main(["verify", str(finished.parent)]) == 0
-    assert capsys.readouterr().out.strip() == (f"{finished}: ok (7 files match their SHA-256; "
+    assert capsys.readouterr().out.strip() == (f"{finished}: ok (8 files match their SHA-256; "
                                                "checkpoint of round 3)")
 
 

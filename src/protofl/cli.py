@@ -311,6 +311,26 @@ def cmd_trainers(args) -> int:
     return 0
 
 
+def cmd_calibrate(args) -> int:
+    from protofl.engine.calibrate import calibrate_config
+
+    for line in calibrate_config(_config(args), compile=not args.no_compile):
+        print(line)
+    return 0
+
+
+def cmd_cache(args) -> int:
+    from protofl.engine import cache
+
+    if args.cache_command == "info":
+        lines = cache.info()
+    else:
+        lines = cache.clear(tuple(args.only) if args.only else cache.PARTS)
+    for line in lines:
+        print(line)
+    return 0
+
+
 def cmd_options(args) -> int:
     from protofl.doctables import options_markdown
 
@@ -525,6 +545,28 @@ def report_parsers(sub) -> None:
     q.set_defaults(func=cmd_tsne)
 
 
+def machine_parsers(sub) -> None:
+    """``calibrate`` and ``cache``: what protofl keeps about this machine."""
+    q = sub.add_parser("calibrate", help="measure the trainers' step costs for a config's "
+                       "model on this machine (what trainer: auto reads; kept in the cache)")
+    config_args(q, with_out=False)
+    q.add_argument("--device", help="where to train: auto (CUDA when present), cpu, cuda, "
+                   "cuda:N or mps")
+    q.add_argument("--no-compile", action="store_true", help="estimate the compiled step "
+                   "from the vmap step instead of compiling it (tens of seconds on a CPU "
+                   "when torch's cache does not hold it)")
+    q.set_defaults(func=cmd_calibrate)
+    q = sub.add_parser("cache", help="protofl's cache folder: calibrations, compiled graphs, "
+                       "built datasets")
+    csub = q.add_subparsers(dest="cache_command", required=True, parser_class=_Parser)
+    csub.add_parser("info", help="where it is and what each part holds").set_defaults(
+        func=cmd_cache)
+    r = csub.add_parser("clear", help="remove its parts (all, or --only some)")
+    r.add_argument("--only", action="append", choices=("calibration", "compiled", "data"),
+                   help="a part to remove (repeatable; default: every part)")
+    r.set_defaults(func=cmd_cache)
+
+
 def listing_parsers(sub) -> None:
     """``algorithms``, ``datasets``, ``suites``, ``options``, ``docs``, ``stats`` and
     ``data``: what protofl has and can get."""
@@ -543,6 +585,7 @@ def listing_parsers(sub) -> None:
                              ("options", cmd_options,
                               "every config and algorithm option, as Markdown tables")):
         sub.add_parser(name, help=text).set_defaults(func=func)
+    machine_parsers(sub)
     q = sub.add_parser("docs", help="regenerate the docs' tables from the declarations")
     q.add_argument("--dir", default="docs", help="the docs folder (default: docs)")
     q.add_argument("--check", action="store_true", help="only say which files are stale "

@@ -346,6 +346,13 @@ class Config:
     trainer: str = option("auto", "who trains a round's clients: auto (each round the trainer "
                                   "the cost model finds cheapest for that round's work), or "
                                   "one trainer by name (`protofl trainers` lists them)")
+    calibrate: bool = option(True, "trainer auto: measure the trainers' step costs on this "
+                                   "machine once per model (a few seconds, kept in protofl's "
+                                   "cache) instead of using fixed constants")
+    trainer_plan: str | None = option(None, "trainer auto: a run folder whose recorded "
+                                            "trainer of every round (plan.jsonl) this run "
+                                            "replays, so its numbers repeat bit for bit",
+                                      path=True)
     workers: int | None = option(None, "worker processes of the parallel trainer (auto: every "
                                        "usable core; more are capped to them); also the "
                                        "least torch threads of the evaluation between "

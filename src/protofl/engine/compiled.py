@@ -9,7 +9,8 @@ steps of ``n`` clients run at the stack size ``bucket(n)`` (the next power of tw
 past their last step marked inactive and left exactly as they were (``optim.step_``'s
 ``active``), and a window past a client's last step padded with steps no client has; a run
 compiles at most ``log2(K') + 1`` sizes, each once (tens of seconds each on a CPU; torch's
-compile cache on disk serves later processes). Batches keep their padded width (weight-0 rows).
+compile caches, kept in protofl's cache folder (``engine/cache.py``), serve later runs).
+Batches keep their padded width (weight-0 rows).
 On a CPU the graph is C++ (``cpp_wrapper``); on CUDA it is replayed as a CUDA graph.
 
 Results match the sequential trainer's within the equivalence tests' tolerance (the compiled
@@ -28,7 +29,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from protofl.algorithms.base import Algorithm, Tensors
-from protofl.engine import costs, optim
+from protofl.engine import cache, costs, optim
 from protofl.engine.train import ClientWork, LocalSetup, RoundContext
 from protofl.engine.vectorized import (
     Stack,
@@ -108,6 +109,7 @@ class CompiledStep:
             if key not in self.graphs:
                 for old in [k for k in self.graphs if k[:2] == key[:2]]:
                     del self.graphs[old]  # an earlier round's learning rate
+                cache.use_torch_cache()
                 options = ({"triton.cudagraphs": True} if self.dev.type == "cuda"
                            else {"cpp_wrapper": True})
                 self.graphs[key] = torch.compile(_fresh(m), fullgraph=True, dynamic=False,

@@ -10,10 +10,15 @@ were measured with ``benchmarks/trainer_costs.py`` on this project's 2-core buil
 (torch 2.13 CPU, one thread): a fit over the Synthetic MLP (60-128-256-10) and the LEAF CNN at
 batches of 10, 1-16 clients; the two ``thread_`` constants from their plain steps on 2
 threads (the LEAF CNN's 1.6x faster, the MLP's a little slower: its ops are too small to
-share). They decide, never measure: the choice is the same on every
-machine for the same config, so a run's numbers are too. A one-off cost (a compile, starting
-worker processes) is spread over the rounds left, so a long run pays it and a short one
-does not.
+share). A one-off cost (a compile, starting worker processes) is spread over the rounds left,
+so a long run pays it and a short one does not.
+
+A work's ``table`` replaces these constants by a calibration's (``engine/calibrate.py``: the
+steps of this model at this batch timed on this machine, the arithmetic folded into the
+overheads, ``rate`` infinite). Only ``trainer: auto``'s choice of a round's trainer reads it;
+the choices inside a trainer that shape its numbers (the vectorized trainer's plain tail, the
+parallel trainer's lead) read the constants, so a round's numbers depend on its trainer alone
+and a recorded plan replays them.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import heapq
 import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -62,6 +67,7 @@ class Work:
     flops: float
     device: str = "cpu"
     rounds_left: int = 1
+    table: dict[str, float] | None = field(default=None, compare=False, hash=False)
 
     @classmethod
     def of(cls, model: torch.nn.Module, x1: torch.Tensor, batch: int, device: str | torch.device,
@@ -71,6 +77,8 @@ class Work:
                    torch.device(device).type, rounds_left)
 
     def constants(self) -> dict[str, float]:
+        if self.table is not None:
+            return self.table
         return CUDA if self.device == "cuda" else CPU
 
     def arithmetic(self) -> float:

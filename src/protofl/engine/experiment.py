@@ -22,7 +22,7 @@ from protofl.engine.callbacks import Callback, RoundView, load_callback, metric_
 from protofl.engine.divergence import check_loss, remedy
 from protofl.engine.federation import Federation, build
 from protofl.engine.private import stack
-from protofl.engine.runfolder import RunStore, should_checkpoint
+from protofl.engine.runfolder import RunStore, read_plan, should_checkpoint
 from protofl.engine.schedule import assign_work, drop_out, sample_clients
 from protofl.engine.train import ClientResult, RoundContext, Trainer
 from protofl.errors import Diverged, ProtoflError
@@ -71,9 +71,11 @@ class Experiment:
         self.stopped = ""  # why the run ended before cfg.rounds (the privacy budget)
         self.elapsed = 0.0
         self.last: dict = {}  # the last evaluated round's record
+        plan = (read_plan(self.cfg.trainer_plan) if self.cfg.trainer_plan and trainer is None
+                else None)
         self.trainer = hetero.grouped(trainer or trainers.make(
             self.cfg.trainer, self.alg.model, self.device, self.cfg.workers,
-            self.cfg.precision, self.cfg.rounds), self.alg)
+            self.cfg.precision, self.cfg.rounds, self.cfg.calibrate, plan), self.alg)
         self.callbacks = (metric_callbacks() if callbacks is None else list(callbacks)) + [
             load_callback(path) for path in self.cfg.callbacks]
         # evaluation runs between rounds, on every core the run may use (its threads, or its
@@ -230,7 +232,8 @@ class Experiment:
         self.store.round_end(
             record, self.evaluating(record["round"]),
             (lambda: {**self.snapshot(), "algorithm": self.alg.name}) if due else None,
-            self.alg.global_weights(self.state) if self.cfg.metrics.save_weights else None)
+            self.alg.global_weights(self.state) if self.cfg.metrics.save_weights else None,
+            trainers.last_choice(self.trainer))
 
     # ---- the whole run ----
     def run(self) -> dict:
@@ -244,6 +247,9 @@ class Experiment:
                 cb.before_run(view)
             if self.store is not None:
                 self.store.start(self.cfg.to_dict(), self.round)
+                if self.round:  # resumed: trained as the run was (no plan.jsonl: a folder
+                    # of an earlier protofl, whose auto read the constants)
+                    trainers.replay(self.trainer, self.store.replay or trainers.Plan())
             for cb in self.callbacks:
                 cb.on_run_start(view)
             if self.round < self.cfg.rounds:  # a resumed run that had stopped (a budget)

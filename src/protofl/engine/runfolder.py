@@ -14,8 +14,11 @@ reports and trackers read and write through it. The functions below are its part
   (holder's pid and host written in it). The kernel drops the lock when its process dies, so a
   lock file left by a dead process is simply taken over.
 - Checkpoints are safetensors plus JSON (``tensorfile``): loading one never runs code.
+- ``plan.jsonl`` holds the trainer of every round and the hash and cost table of the
+  calibration ``trainer: auto`` read (``engine/calibrate.py``), a line a round; ``--resume``
+  and ``trainer_plan`` replay it (:func:`read_plan`).
 - ``manifest.json`` (``engine/manifest.py``) holds the SHA-256 of the config, the checkpoint,
-  the metric lines up to it, the summary and the round weights, and the settings changed on
+  the metric and plan lines up to it, the summary and the round weights, and the settings changed on
   resume; :meth:`RunStore.verify` checks a folder against it before it is resumed or read.
 """
 
@@ -45,13 +48,14 @@ log = logging.getLogger("protofl")
 
 CONFIG, METRICS, SUMMARY = "config.json", "metrics.jsonl", "summary.json"
 CHECKPOINT = "checkpoint.safetensors"
+PLAN = "plan.jsonl"  # the trainer of every round and the calibration it read
 LEGACY_CHECKPOINT = "checkpoint.pt"  # written by protofl <= 0.1 with torch.save (pickle)
 LOCK = ".protofl.lock"
 WEIGHTS_DIR = "weights"  # per-round aggregate weights (metrics.save_weights), FFD's reference
 # Every file protofl writes into a run folder; ``--overwrite`` removes these and nothing else.
 ARTEFACTS = (CONFIG, METRICS, SUMMARY, CHECKPOINT, LEGACY_CHECKPOINT, "curves.png",
              "confusion.png", "tsne.png", "segmentation.png", "flower.log", "stats.json",
-             "stats.png", "tracking.json", mf.MANIFEST)
+             "stats.png", "tracking.json", PLAN, mf.MANIFEST)
 # Settings a resumed run cannot change: they define its federation, its model or its privacy
 # accounting (``data.root`` may move: the same files elsewhere).
 FIXED_ON_RESUME = ("algorithm", "task", "seed", "data.", "model.", "privacy.")
@@ -418,6 +422,61 @@ def load_config_json(out: Path) -> dict:
     return cfg
 
 
+def plan_lines(round: int, trainer: str, calibration: str | None,
+               table: dict | None, last: str | None) -> bytes:
+    """A round's lines of ``plan.jsonl``: the calibration's table when it is new (``last``:
+    the calibration of the line before), then the round's trainer."""
+    lines = []
+    if calibration is not None and calibration != last:
+        lines.append({"calibration": calibration, "costs": table})
+    lines.append({"round": round, "trainer": trainer, "calibration": calibration})
+    return "".join(json.dumps(json_safe(x)) + "\n" for x in lines).encode()
+
+
+def read_plan(folder: Path, upto: int | None = None) -> Any:
+    """The :class:`trainers.Plan` a run folder recorded (rounds past ``upto`` left out); one
+    line when the folder or its ``plan.jsonl`` is not one."""
+    import math as _math
+
+    from protofl.engine.trainers import Plan
+
+    path = Path(folder) / PLAN
+    if not Path(folder).is_dir():
+        raise ProtoflError(f"trainer_plan: {folder} is not a run folder")
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise ProtoflError(f"trainer_plan: {folder} has no {PLAN} (a run folder of protofl "
+                           "0.2 or later records one)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProtoflError(f"trainer_plan: {path} cannot be read: {type(e).__name__}") from None
+    plan, tables = Plan(), {}
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if "costs" in row:
+                costs = row["costs"]
+                tables[str(row["calibration"])] = {
+                    k: (_math.inf if v is None else float(v)) for k, v in costs.items()}
+                continue
+            t, name, cal = int(row["round"]), str(row["trainer"]), row.get("calibration")
+        except (ValueError, TypeError, KeyError, AttributeError):
+            if i == len(lines) and not path.read_bytes().endswith(b"\n"):
+                break  # torn by a kill mid-write
+            raise ProtoflError(f"trainer_plan: {path}:{i} is not a plan line") from None
+        if upto is not None and t > upto:
+            continue
+        if cal is not None and cal not in tables:
+            raise ProtoflError(f"trainer_plan: {path}:{i} names calibration {cal} whose costs "
+                               "it does not hold")
+        plan.rounds[t] = name
+        if cal is not None:
+            plan.calibration, plan.table = cal, tables[cal]
+    return plan
+
+
 def weights_path(folder: Path, round: int) -> Path:
     return Path(folder) / WEIGHTS_DIR / f"round_{round:04d}.safetensors"
 
@@ -455,6 +514,10 @@ class RunStore:
         self._manifest: dict | None = None  # what this store has written (loaded when needed)
         self._metrics: Any = None  # the running SHA-256 of metrics.jsonl and its length
         self._metrics_bytes = 0
+        self._plan: Any = None  # the same of plan.jsonl, and the calibration of its last line
+        self._plan_bytes = 0
+        self._plan_cal: str | None = None
+        self.replay: Any = None  # a resumed run's recorded plan (read_plan), every round
 
     def __repr__(self) -> str:
         return f"RunStore({str(self.out)!r})"
@@ -519,6 +582,17 @@ class RunStore:
     def _seal_metrics(self, data: bytes) -> None:
         self._metrics, self._metrics_bytes = hashlib.sha256(data), len(data)
 
+    def _seal_plan(self, data: bytes, calibration: str | None = None) -> None:
+        self._plan, self._plan_bytes = hashlib.sha256(data), len(data)
+        self._plan_cal = calibration
+
+    def _plan_entry(self, round: int) -> dict[str, dict | None]:
+        """The manifest's entry of ``plan.jsonl`` (None: the run wrote none)."""
+        if self._plan is None or not self._plan_bytes:
+            return {PLAN: None}
+        return {PLAN: {"sha256": self._plan.hexdigest(), "bytes": self._plan_bytes,
+                       "round": round, "prefix": True}}
+
     def _metrics_entry(self, round: int) -> dict:
         return {"sha256": self._metrics.hexdigest(), "bytes": self._metrics_bytes,
                 "round": round, "prefix": True}
@@ -572,6 +646,7 @@ class RunStore:
         prepare(self.out, self.overwrite)
         self._manifest = mf.new()
         self._seal_metrics(b"")
+        self._seal_plan(b"")
         data = json_bytes(spec)
         atomic_write(self.out / CONFIG, data, self._record({CONFIG: self._config_entry(data)}))
         for p in (self.out / WEIGHTS_DIR).glob("round_*"):
@@ -582,17 +657,41 @@ class RunStore:
         and the files as they are now (checked by :meth:`verify` first; a folder written
         before manifests gets its first one here)."""
         self._seal_metrics(truncate_metrics(self.out, round))
+        self._reseal_plan(round)
         manifest = self._open()
         config = (self.out / CONFIG).read_bytes()
         entries: dict[str, dict | None] = {
             CONFIG: self._config_entry(config),
             CHECKPOINT: ({**mf.file_digest(self.out / CHECKPOINT), "round": round}
                          if (self.out / CHECKPOINT).exists() else None),
-            METRICS: self._metrics_entry(round)}
+            METRICS: self._metrics_entry(round), **self._plan_entry(round)}
         for name in manifest["files"]:  # round weights past the checkpoint are made again
             if name.startswith(WEIGHTS_DIR + "/") and _weights_round(name) > round:
                 entries[name] = None
         self._record(entries)()
+
+    def _reseal_plan(self, round: int) -> None:
+        """A resumed run's ``plan.jsonl``: the whole recorded plan kept in ``replay`` (the
+        rounds a killed run trained past its checkpoint included), the file cut back to the
+        checkpoint's round (rewritten atomically)."""
+        path = self.out / PLAN
+        if not path.exists():
+            self._seal_plan(b"")
+            return
+        self.replay = read_plan(self.out)
+        keep, cal = [], None
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                break  # a torn last line
+            if "round" in row and row["round"] > round:
+                continue
+            keep.append(line + "\n")
+            cal = row.get("calibration", cal)
+        data = "".join(keep).encode()
+        atomic_write(path, data)
+        self._seal_plan(data, cal)
 
     def resume(self, spec: dict, round: int, eval_every: int, rounds: int) -> None:
         """Before a checkpoint of round ``round`` is continued: ``metrics.jsonl`` must hold
@@ -617,13 +716,17 @@ class RunStore:
                      mf.said(changes, most=20))
 
     def round_end(self, record: dict, evaluated: bool, snapshot: Any = None,
-                  weights: dict | None = None) -> None:
-        """After round ``record["round"]``: its metric line when ``evaluated``, the checkpoint
-        ``snapshot()`` when one is due (``snapshot`` is None otherwise), and ``weights``
-        (``metrics.save_weights``). A failed write (a full disk) says what the folder keeps."""
+                  weights: dict | None = None, trained: tuple | None = None) -> None:
+        """After round ``record["round"]``: its plan line (``trained``: the trainer, the
+        calibration's hash and table, ``trainers.last_choice``), its metric line when
+        ``evaluated``, the checkpoint ``snapshot()`` when one is due (``snapshot`` is None
+        otherwise), and ``weights`` (``metrics.save_weights``). A failed write (a full disk)
+        says what the folder keeps."""
         t = record["round"]
         self._open()
         try:
+            if trained is not None:
+                self._append_plan(t, *trained)
             if evaluated:
                 line = append_metrics(self.out, record)
                 self._metrics.update(line)
@@ -635,7 +738,8 @@ class RunStore:
                          **({"previous": {k: v for k, v in last.items() if k != "previous"}}
                             if last else {})}
                 atomic_write(self.out / CHECKPOINT, data, self._record(
-                    {CHECKPOINT: entry, METRICS: self._metrics_entry(t)}))
+                    {CHECKPOINT: entry, METRICS: self._metrics_entry(t),
+                     **self._plan_entry(t)}))
                 (self.out / LEGACY_CHECKPOINT).unlink(missing_ok=True)
                 self.saved = t
         except ProtoflError as e:
@@ -654,8 +758,27 @@ class RunStore:
         """``summary.json``, recorded in the manifest with every metric line."""
         self._open()
         data = json_bytes(summary)
+        rounds = summary.get("rounds", 0)
         atomic_write(self.out / SUMMARY, data, self._record(
-            {SUMMARY: mf.digest(data), METRICS: self._metrics_entry(summary.get("rounds", 0))}))
+            {SUMMARY: mf.digest(data), METRICS: self._metrics_entry(rounds),
+             **self._plan_entry(rounds)}))
+
+    def _append_plan(self, round: int, trainer: str, calibration: str | None,
+                     table: dict | None) -> None:
+        if self._plan is None:
+            path = self.out / PLAN
+            self._seal_plan(path.read_bytes() if path.exists() else b"")
+        data = plan_lines(round, trainer, calibration, table, self._plan_cal)
+        try:
+            with open(self.out / PLAN, "ab") as f:
+                f.write(data)
+                f.flush()
+        except OSError as e:
+            raise ProtoflError(f"cannot append round {round} to {self.out / PLAN}: "
+                               f"{e.strerror or e}") from None
+        self._plan.update(data)
+        self._plan_bytes += len(data)
+        self._plan_cal = calibration
 
     # ---- what others write through it ----
     def write_json(self, name: str, obj: Any) -> Path:

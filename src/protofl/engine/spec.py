@@ -202,6 +202,9 @@ def resolve(cfg: Config, data: FederatedData) -> RunSpec:
                            "(the held-out split it reads)")
     if cfg.trainer != "auto":
         trainer_class(cfg.trainer)  # a name the registry has
+        if cfg.trainer_plan:
+            raise ProtoflError(f"config: trainer_plan replays trainer auto's choices; it "
+                               f"needs trainer: auto, not {cfg.trainer!r}")
     cls = algorithm_class(cfg.algorithm)
     data_cfg = dataclasses.replace(resolve_data(cfg.data, dataset), num_clients=data.num_clients,
                                    **cls.data_defaults)

@@ -14,13 +14,16 @@ the simplest trainer). A balanced round of many clients goes
 to the vectorized (or compiled) trainer, a heavy-tailed one where one client holds most of
 the steps to the parallel trainer (the long client on one core, the others beside it; or,
 where the model's step is faster on several threads, the long client first on every core and
-the others spread after it) or to the compiled step. The estimates are a fixed function of
-the config and the round's jobs, never a timing, so a config's trainer choices, and so its
-numbers, are the same on every run.
+the others spread after it) or to the compiled step. The estimates read the costs calibrated on
+this machine (``engine/calibrate.py``; the constants of ``engine/costs.py`` with
+``calibrate: false``). A run records the trainer of every round and the calibration in its
+folder (``plan.jsonl``); ``--resume`` and ``trainer_plan: <run folder>`` replay that plan, so
+a run's numbers repeat bit for bit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import multiprocessing
@@ -113,13 +116,15 @@ def parallel_reason(model: ProtoNet, device: torch.device, workers: int) -> str 
 
 
 def make(name: str, model: ProtoNet, device: torch.device | str = "cpu", workers: int = 1,
-         precision: str = "fp32", rounds: int = 1) -> Trainer:
+         precision: str = "fp32", rounds: int = 1, calibrate: bool = False,
+         plan: Plan | None = None) -> Trainer:
     """The trainer a config's ``trainer`` asks for. A named trainer that cannot train the
     model falls back to the sequential one, saying why (``parallel`` on a GPU or inside a
-    daemonic process is an error instead); ``auto`` is :class:`Auto`."""
+    daemonic process is an error instead); ``auto`` is :class:`Auto` (``calibrate``,
+    ``plan``: its own)."""
     device = torch.device(device)
     if name == "auto":
-        return Auto(model, device, workers, precision, rounds)
+        return Auto(model, device, workers, precision, rounds, calibrate=calibrate, plan=plan)
     cls = trainer_class(name)
     if name == "parallel":
         reason = parallel_reason(model, device, max(workers, 2))
@@ -156,6 +161,7 @@ def rounds_by_trainer(trainer: Trainer) -> dict[str, dict[str, int]]:
     return {"trainer_rounds": {n: chosen.count(n) for n in dict.fromkeys(chosen)}}
 
 
+COMPILE_SHARE = 0.5  # a calibration compiles where that is under this share of the run
 CLOSE = 0.05  # estimates within 5% of each other are a tie: the constants are not finer
 
 
@@ -175,30 +181,72 @@ class Auto:
 
     ``in_process`` keeps to one process (what the parallel trainer's workers run). A
     heterogeneous federation's rounds go to the parallel trainer whole (its workers split
-    them by model group) or to an in-process trainer one group at a time."""
+    them by model group) or to an in-process trainer one group at a time.
+
+    With ``calibrate`` the estimates read the costs measured on this machine
+    (``engine/calibrate.py``, at the first round), else the constants. ``plan`` (a recorded
+    :class:`Plan`) fixes the trainer of the rounds it holds and, past them, the costs."""
 
     name = "auto"
     description = ("each round trained by the trainer the cost model finds cheapest for "
-                   "that round's work (engine/costs.py)")
+                   "that round's work (costs measured on this machine: engine/calibrate.py)")
     groups_inside = True
 
     def __init__(self, model: ProtoNet, device: torch.device | str = "cpu", workers: int = 1,
-                 precision: str = "fp32", rounds: int = 1, in_process: bool = False):
+                 precision: str = "fp32", rounds: int = 1, in_process: bool = False,
+                 calibrate: bool = False, plan: Plan | None = None):
+        from protofl.engine import calibrate as cal
+
         device = torch.device(device)
         names = IN_PROCESS if in_process else tuple(TRAINERS)
         self.trainers = candidates(model, device, workers, precision, rounds, names)
         self.rounds = rounds
         self.chosen: list[str] = []  # the trainer of each round trained, in order
+        self.calibrate = cal.enabled(calibrate)
+        self.replay(plan or Plan())
+
+    def replay(self, plan: Plan) -> None:
+        """Train the rounds ``plan`` holds with its trainers, and choose past them with its
+        costs (no calibration when it has rounds)."""
+        self.plan = plan
+        self.table, self.calibration = plan.table, plan.calibration
+        if plan.rounds:
+            self.calibrate = False
 
     def work(self, rc: RoundContext) -> costs.Work:
-        return round_work(rc, rounds_left=max(1, self.rounds - rc.round + 1))
+        work = round_work(rc, rounds_left=max(1, self.rounds - rc.round + 1))
+        return dataclasses.replace(work, table=self.table)
+
+    def worth_compiling(self, rc: RoundContext) -> bool:
+        """Whether a calibration should time the compiled step (a compile): where the
+        constants' compile is under ``COMPILE_SHARE`` of the run's estimated training by the
+        other trainers, so that it may pay."""
+        if "compiled" not in self.trainers:
+            return False
+        work = round_work(rc, rounds_left=max(1, self.rounds - rc.round + 1))
+        others = min((t.estimate(work) for n, t in self.trainers.items() if n != "compiled"),
+                     default=0.0)
+        return work.constants()["compile"] < COMPILE_SHARE * others * work.rounds_left
 
     def choose(self, rc: RoundContext) -> str:
-        return cheapest(self.trainers, self.work(rc))
+        name = self.plan.rounds.get(rc.round)
+        if name is None:
+            return cheapest(self.trainers, self.work(rc))
+        if name not in self.trainers:
+            raise ProtoflError(f"trainer_plan: round {rc.round} was trained by {name!r}, which "
+                               f"cannot train this run here (it has {', '.join(self.trainers)})")
+        return name
 
     def train(self, rc: RoundContext) -> list[ClientResult]:
         if not rc.jobs:
             return []
+        if self.calibrate:
+            from protofl.engine import calibrate as cal
+
+            self.calibrate = False  # once: the first round's model, data and setup
+            if hetero.groups_of(rc.alg) is None:  # a heterogeneous run keeps the constants
+                self.table, self.calibration = cal.costs_for(
+                    rc, list(self.trainers), compile=self.worth_compiling(rc))
         name = self.choose(rc)
         self.chosen.append(name)
         trainer = self.trainers[name]
@@ -210,3 +258,32 @@ class Auto:
         for t in self.trainers.values():
             if hasattr(t, "close"):
                 t.close()
+
+
+@dataclasses.dataclass
+class Plan:
+    """A run's record of its trainers: the trainer of each round (by round) and the
+    calibration its choices read (its hash and cost table; None: the constants)."""
+
+    rounds: dict[int, str] = dataclasses.field(default_factory=dict)
+    calibration: str | None = None
+    table: dict[str, float] | None = None
+
+
+def replay(trainer: Any, plan: Plan) -> None:
+    """``trainer`` (an :class:`Auto`, perhaps grouped) replays a resumed run's ``plan``, its
+    costs and nothing measured anew; other trainers have no plan."""
+    inner = getattr(trainer, "inner", trainer)
+    if isinstance(inner, Auto):
+        inner.replay(plan)
+        inner.calibrate = False
+
+
+def last_choice(trainer: Any) -> tuple[str, str | None, dict[str, float] | None]:
+    """The trainer of the round ``trainer`` trained last, and the calibration's hash and cost
+    table the choice read (a named trainer: its name, None, None)."""
+    inner = getattr(trainer, "inner", trainer)
+    chosen = getattr(inner, "chosen", None)
+    if chosen:
+        return chosen[-1], inner.calibration, inner.table
+    return inner.name, None, None
