@@ -4,12 +4,13 @@ the optimizer update) compiled into one graph by ``torch.compile``.
 
 A step of small models is mostly overhead (Python, dispatch, autograd bookkeeping): compiled,
 and its call shared by the window's steps, the Synthetic MLP's step costs about a fifth of the
-eager one (240 against 1,174 us a step, benchmarks/README.md). A graph has a fixed shape, so
-steps of ``n`` clients run at the stack size ``bucket(n)`` (the next power of two), the clients
-past their last step marked inactive and left exactly as they were (``optim.step_``'s
-``active``), and a window past a client's last step padded with steps no client has; a run
-compiles at most ``log2(K') + 1`` sizes, each once (tens of seconds each on a CPU; torch's
-compile caches, kept in protofl's cache folder (``engine/cache.py``), serve later runs).
+eager one (240 against 1,174 us a step, measured with benchmarks/trainer_costs.py). A graph has
+a fixed shape, so steps of ``n`` clients run at the stack size ``bucket(n)`` (the next power of
+two), the clients past their last step marked inactive and left exactly as they were
+(``optim.step_``'s ``active``), and a window past a client's last step padded with steps no
+client has; a run compiles at most ``log2(K') + 1`` sizes, each once (tens of seconds each on a
+CPU; torch's compile caches, kept in protofl's cache folder (``engine/cache.py``), serve later
+runs).
 Batches keep their padded width (weight-0 rows).
 On a CPU the graph is C++ (``cpp_wrapper``); on CUDA it is replayed as a CUDA graph.
 
