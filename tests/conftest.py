@@ -15,6 +15,21 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
     tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
 
 
+# The longest modules first (each several minutes on 2 cores): with ``-n 2 --dist loadfile``
+# (the README's test command) a worker takes whole modules in this order, so no long module
+# starts last while the other worker idles. Only the order of modules changes.
+LONGEST_FIRST = ("test_docs_examples", "test_flower", "test_seg_run", "test_device",
+                 "test_flower_deployment_faults", "test_conformance", "test_pretrain",
+                 "test_flower_walkthrough", "test_vectorized", "test_suite_ray",
+                 "test_hetero_flower")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.module.__name__.rpartition(".")[2],
+                                         len(rank)))
+
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     """Tests are tiny: one intra-op thread is fastest and keeps runs deterministic."""

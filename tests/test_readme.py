@@ -11,7 +11,7 @@ README = REPO / "README.md"
 SETUP = ("python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e . && "
          "protofl suite main",
          "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e "
-         '".[dev]" && python -m pytest -q')
+         '".[dev]" && python -m pytest -q -n 2 --dist loadfile')
 
 
 def test_the_readme_python_example_runs(tmp_path, monkeypatch):
@@ -32,7 +32,7 @@ def test_the_readme_is_short_and_opens_with_the_two_setup_commands():
     first = re.search(r"```(\w*)\n(.*?)```", text, flags=re.S)
     assert first[1] == "bash" and tuple(first[2].strip().splitlines()) == SETUP
     ci = (REPO / ".ci" / "run").read_text()
-    assert "torch==2.13.0" in ci and "python3 -m pytest -q" in ci
+    assert "torch==2.13.0" in ci and "python3 -m pytest -q -n 2 --dist loadfile" in ci
 
 
 def test_the_readme_links_lead_somewhere_and_it_dates_no_measurement():
