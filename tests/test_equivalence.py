@@ -129,3 +129,11 @@ def test_the_search_runs_every_variant_at_every_rate_and_chooses_the_best():
     assert rates["iid"]["moon"] == 1e-4
     del curves["iid"][s.label("moon", 3e-3)]
     assert chosen_rates(claim, curves, ["iid"]) is None  # a search run missing: no choice
+
+
+def test_the_search_is_the_pre_registered_one():
+    from protofl.reproduce.preregistration import SEARCH
+
+    s = CLAIMS[SEARCH["claim"]].search
+    assert (s.grid, s.optimizer, s.validation_fraction, s.seeds) == (
+        SEARCH["grid"], SEARCH["optimizer"], SEARCH["validation_fraction"], SEARCH["seeds"])
