@@ -137,3 +137,26 @@ def test_the_search_is_the_pre_registered_one():
     s = CLAIMS[SEARCH["claim"]].search
     assert (s.grid, s.optimizer, s.validation_fraction, s.seeds) == (
         SEARCH["grid"], SEARCH["optimizer"], SEARCH["validation_fraction"], SEARCH["seeds"])
+
+
+def test_the_tables_read_synthetic_main_at_its_pre_registered_n():
+    from protofl.reproduce.prereg import planned
+    from protofl.reproduce.tables import claim_result, tables_markdown
+
+    claim, n = CLAIMS["synthetic-main"], planned("synthetic-main", "default", "fedmargin",
+                                                 "fedavg")["n"]
+
+    def record(diffs):
+        runs = {"fedavg": {(s, s): [0.5] for s in range(len(diffs))},
+                "fedmargin": {(s, s): [0.5 + d] for s, d in enumerate(diffs)}}
+        return {"budget": "paper", "status": "run", "seeds": list(range(len(diffs))),
+                "splits": ["default"], "overrides": {}, "runs": {"default": runs}}
+
+    small = [0.001 * (s % 5 - 2) for s in range(n + 3)]  # mean 0, 90% half-width < 0.002
+    assert claim_result(claim, record(small[:5]))["verdict"] == "inconclusive"  # 5 of n
+    text = tables_markdown({"synthetic-main": record(small[:5])}, only=["synthetic-main"])
+    assert f"the pre-registered {n} seeds (5 ran" in text and f"n = {n} (seeds 0-{n - 1})" in text
+    assert claim_result(claim, record(small[:n]))["verdict"] == "not reproduced"  # equivalent
+    # seeds past n do not count: three huge gains after the n change nothing
+    assert claim_result(claim, record(small[:n] + [0.9, 0.9, 0.9]))["verdict"] == (
+        "not reproduced")

@@ -78,11 +78,17 @@ def planned(claim: str, split: str, method: str, baseline: str) -> dict[str, Any
     return None
 
 
-def planned_text(p: dict[str, Any]) -> str:
-    """``pre-registered 2026-12-07 (commit abc1234): n = 46 ...``."""
-    extra = (f" (a half-width of ±{p['delta']:g} would need {p['n_for_delta']})"
-             if p["n_for_delta"] != p["n"] else
+def planned_text(plans: list[dict[str, Any]]) -> str:
+    """``pre-registered 2026-12-07 (commit abc1234): n = 46 ...`` of one comparison's plan,
+    or of several that share their n (a claim's deciding comparisons)."""
+    p, need = plans[0], sorted({q["n_for_delta"] for q in plans})
+    span = f"{need[0]}" if len(need) == 1 else f"{need[0]}-{need[-1]}"
+    sds = [max(q["pilot_sd"].values()) for q in plans]
+    sd = f"{sds[0]:.4f}" if len(sds) == 1 else f"{min(sds):.4f}-{max(sds):.4f}"
+    extra = (f" (fixed in advance; a 90% half-width of at most ±{p['delta']:g} with "
+             f"{p['power']:.0%} power would need {span}, from the {p['pilot']} pilot's sd {sd})"
+             if need != [p["n"]] else
              f" for a 90% half-width of at most ±{p['delta']:g} with {p['power']:.0%} power, "
-             f"from the {p['pilot']} pilot's sd {max(p['pilot_sd'].values()):.4f}")
+             f"from the {p['pilot']} pilot's sd {sd}")
     return (f"pre-registered {p['date']} (commit {p['commit'][:7]}): n = {p['n']} "
             f"(seeds 0-{p['n'] - 1}){extra}")

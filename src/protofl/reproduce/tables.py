@@ -77,8 +77,9 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def deciding_text(claim: Claim) -> str:
-    """The comparisons that form the claim's verdict, in words."""
+def deciding_text(claim: Claim, with_plan: bool = True) -> str:
+    """The comparisons that form the claim's verdict, in words (``with_plan``: and their
+    pre-registration, where they have one)."""
     pairs = [c for c in claim.comparisons if c.decides]
     methods = list(dict.fromkeys(c.method for c in pairs))
     text = "; ".join(f"{m} − {', '.join(c.baseline for c in pairs if c.method == m)}"
@@ -89,8 +90,8 @@ def deciding_text(claim: Claim) -> str:
         text += f", on {', '.join(claim.splits)}"
     plans = [planned(claim.name, split, c.method, c.baseline)
              for split in claim.splits for c in pairs]
-    if all(plans):
-        text += "; " + planned_text(max(plans, key=lambda p: p["n_for_delta"]))
+    if with_plan and plans and all(plans):
+        text += "; " + planned_text(plans)
     return text
 
 
