@@ -160,3 +160,26 @@ def test_the_tables_read_synthetic_main_at_its_pre_registered_n():
     # seeds past n do not count: three huge gains after the n change nothing
     assert claim_result(claim, record(small[:n] + [0.9, 0.9, 0.9]))["verdict"] == (
         "not reproduced")
+
+
+def test_a_search_the_evidence_holds_is_not_run_again(tmp_path):
+    from protofl.reproduce import reproduce_plan
+    from protofl.reproduce.evidence import write
+
+    claim = CLAIMS["fedproin-digits-fair"]
+    s = claim.search
+    record, jobs = reproduce_plan(claim.name, "short", tmp_path / "out")
+    assert record[claim.name]["search"] == "pending"  # the claim's runs wait for the search
+    assert len(jobs) == 2 * len(claim.variants) * len(s.grid)
+    # the evidence holds the whole search (fedavg best at 3e-3 on iid): only the claim's runs
+    search = {split: {s.label(v, lr): {(100, 100): [lr if v == "fedavg" else 0.5 - lr]}
+                      for v in claim.variants for lr in s.grid} for split in claim.splits}
+    write({claim.name: {"budget": "short", "status": "run", "seeds": [0, 1],
+                        "splits": list(claim.splits), "overrides": {}, "runs": {}, "amm": {},
+                        "search": search}}, tmp_path / "ev")
+    record, jobs = reproduce_plan(claim.name, "short", tmp_path / "out",
+                                  kept=tmp_path / "ev")
+    assert "search" not in record[claim.name] and len(jobs) == 2 * 2 * len(claim.variants)
+    fedavg = [raw for raw, folder in jobs if "/iid/fedavg/" in folder]
+    assert {raw["clients"]["lr"] for raw in fedavg} == {3e-3}
+    assert all(raw["data"].get("validation_fraction", 0) == 0 for raw, _ in jobs)

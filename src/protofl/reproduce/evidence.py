@@ -200,15 +200,27 @@ def merge(sources: list[Path]) -> dict[str, Entry]:
     return best
 
 
-def kept_runs(folder: Path, name: str, budget: str, overrides: dict[str, Any] | None,
-              alternatives: bool = False) -> frozenset[tuple[str, str, int, int]]:
-    """The runs of claim ``name`` that the evidence in ``folder`` holds at ``budget`` with
-    these overrides, as ``(split, variant, seed, data.seed)`` (``alternatives``: its
-    alternatives' runs), so that a suite resumed across machines runs only the rest."""
+def kept_entry(folder: Path, name: str, budget: str,
+               overrides: dict[str, Any] | None) -> Entry | None:
+    """Claim ``name``'s entry in the evidence in ``folder`` if it ran at ``budget`` with
+    these overrides (None otherwise)."""
     entry = merge([Path(folder)]).get(name)
     if (entry is None or entry["status"] != "run" or entry["budget"] != budget
             or _sorted(entry["overrides"]) != _sorted(overrides or {})):
+        return None
+    return entry
+
+
+def kept_runs(folder: Path, name: str, budget: str, overrides: dict[str, Any] | None,
+              alternatives: bool = False, key: str | None = None
+              ) -> frozenset[tuple[str, str, int, int]]:
+    """The runs of claim ``name`` that the evidence in ``folder`` holds at ``budget`` with
+    these overrides, as ``(split, variant, seed, data.seed)`` (``alternatives``: its
+    alternatives' runs; ``key``: those of another kind, e.g. ``search``), so that a suite
+    resumed across machines runs only the rest."""
+    entry = kept_entry(folder, name, budget, overrides)
+    if entry is None:
         return frozenset()
-    key = "alternatives" if alternatives else "runs"
+    key = key or ("alternatives" if alternatives else "runs")
     return frozenset((split, v, s, d) for split, variants in entry.get(key, {}).items()
                      for v, curves in variants.items() for s, d in curves)

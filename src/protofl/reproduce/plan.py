@@ -12,7 +12,7 @@ from protofl.config import merge
 from protofl.errors import ProtoflError
 from protofl.nested import flatten
 from protofl.reproduce.claims import ALTERNATIVES_DIR, CLAIMS, NO_COSTLY, PLAN_FILE, Claim
-from protofl.reproduce.evidence import kept_runs
+from protofl.reproduce.evidence import kept_entry, kept_runs
 from protofl.reproduce.search import chosen_rates, search_curves, search_jobs
 from protofl.suites import seeded
 
@@ -104,6 +104,14 @@ def claim_jobs(claim: Claim, budget: str, out: Path, seeds: tuple[int, ...],
     return jobs
 
 
+def _held(job: tuple[dict, str], found: dict[str, dict]) -> bool:
+    """A search job (``OUT/<claim>/<split>/search/<label>/seed<N>``) whose run ``found``
+    (its search curves) already holds."""
+    raw, folder = job
+    parts = Path(folder).parts
+    return (raw["seed"], raw["data"]["seed"]) in found.get(parts[-4], {}).get(parts[-2], {})
+
+
 def reproduce_plan(names: str | None, budget: str, out: Path,
                    seeds: tuple[int, ...] | None = None,
                    overrides: dict[str, Any] | None = None,
@@ -143,8 +151,15 @@ def reproduce_plan(names: str | None, budget: str, out: Path,
                 if kept is not None else frozenset())
         rates = None
         if claim.search and not alternatives:
-            jobs += search_jobs(claim, budget_config(claim, budget), out, chosen, overrides)
-            rates = chosen_rates(claim, search_curves(claim, out, chosen), chosen)
+            found = search_curves(claim, out, chosen)
+            old = kept_entry(kept, claim.name, budget, overrides) if kept else None
+            for split, labels in (old or {}).get("search", {}).items():
+                for label, curves in labels.items():
+                    found.setdefault(split, {}).setdefault(label, {}).update(curves)
+            jobs += [job for job in search_jobs(claim, budget_config(claim, budget), out,
+                                                chosen, overrides)
+                     if not _held(job, found)]
+            rates = chosen_rates(claim, found, chosen)
             if rates is None:  # the claim's runs wait for the search (run_reproduce)
                 record[claim.name]["search"] = "pending"
                 continue
