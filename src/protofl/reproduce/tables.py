@@ -45,7 +45,7 @@ def change_text(claim: Claim, entry: dict, res: dict[str, Any] | None, first: bo
     if res is not None and res.get("pending") is not None:
         notes.append(f"the pre-registered {res['planned']} seeds ({res['pending']} ran: "
                      f"`{claim.command(entry['budget'])} --seeds "
-                     f"{','.join(map(str, range(res['planned'])))}`); "
+                     f"{','.join(map(str, range(res['planned'])))} --kept docs/reproduction`); "
                      "no verdict before all have")
     elif res is not None and res["verdict"] == "inconclusive" and res["n"] >= MIN_SEEDS:
         notes.append("more seeds (`--seeds`) to narrow the interval")
