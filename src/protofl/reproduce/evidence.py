@@ -212,15 +212,13 @@ def kept_entry(folder: Path, name: str, budget: str,
 
 
 def kept_runs(folder: Path, name: str, budget: str, overrides: dict[str, Any] | None,
-              alternatives: bool = False, key: str | None = None
-              ) -> frozenset[tuple[str, str, int, int]]:
+              alternatives: bool = False) -> frozenset[tuple[str, str, int, int]]:
     """The runs of claim ``name`` that the evidence in ``folder`` holds at ``budget`` with
     these overrides, as ``(split, variant, seed, data.seed)`` (``alternatives``: its
-    alternatives' runs; ``key``: those of another kind, e.g. ``search``), so that a suite
-    resumed across machines runs only the rest."""
+    alternatives' runs), so that a suite resumed across machines runs only the rest."""
     entry = kept_entry(folder, name, budget, overrides)
     if entry is None:
         return frozenset()
-    key = key or ("alternatives" if alternatives else "runs")
+    key = "alternatives" if alternatives else "runs"
     return frozenset((split, v, s, d) for split, variants in entry.get(key, {}).items()
                      for v, curves in variants.items() for s, d in curves)
