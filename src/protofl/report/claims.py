@@ -11,11 +11,15 @@ least ``MIN_SEEDS`` seeds. Each pair gives two differences, method − baseline,
 For each reading the mean difference and its 95% t-interval (Student's t, n − 1 degrees of
 freedom) are taken. Verdict: **reproduced** when the interval lies above 0 on both readings;
 **not reproduced** when it lies at or below 0 on both; **inconclusive** otherwise (the
-intervals straddle 0, disagree, or fewer than ``MIN_SEEDS`` pairs exist).
+intervals straddle 0, disagree, or fewer than ``MIN_SEEDS`` pairs exist), except that an
+undecided comparison is **not reproduced (equivalent within ±δ)** when the 90% t-interval of
+both readings lies strictly inside ±``DELTA[metric]`` (two one-sided tests at 5% each: the
+method is no better, and no worse, than the baseline by δ or more).
 
 A decided comparison is **fragile** rather than settled when a bound that decides it (a
 lower bound of a reproduced one, an upper bound of a not-reproduced one) lies within
-``DRIFT`` of 0: a rerun of the same runs on another machine could turn its verdict.
+``DRIFT`` of 0 (of ±δ for an equivalent one): a rerun of the same runs on another machine
+could turn its verdict.
 
 A **claim's** verdict (``claim_verdict``) is formed from its deciding comparisons alone: the
 headline comparison of the seed's method against the baseline the claim names (fedmargin −
@@ -50,6 +54,12 @@ READING_WORDS = {"last": "last 10%", "area": "area"}  # as the page names them
 # 0.0003; the same machine repeats it bit for bit). A deciding interval bound within it of 0
 # makes a comparison fragile.
 DRIFT = 0.0003
+# The equivalence margin δ per metric (fixed before the runs it decides; docs/reproduction.md
+# justifies it): 2 points of accuracy or mIoU, twice the largest reading drift measured
+# between reruns of the same config and seed on this evidence (0.0097, "The reconstruction,
+# examined") and the smallest gap a user comparing methods would call a difference.
+DELTA = {"accuracy": 0.02, "miou": 0.02}
+EQUIVALENCE_LEVEL = 0.90  # two one-sided tests at 5% each
 
 
 def curve(rows: list[dict], metric: str) -> tuple[list[int], list[float]]:
@@ -89,8 +99,17 @@ def side(iv: dict[str, Any]) -> str:
     return "straddles"
 
 
-def verdict(intervals: dict[str, dict[str, Any]], min_seeds: int = MIN_SEEDS) -> str:
-    """The rule's verdict from the intervals of both readings (claimed direction: > 0)."""
+def equivalent(intervals: dict[str, dict[str, Any]], delta: float) -> bool:
+    """Both readings' (90%) intervals lie strictly inside ``±delta``."""
+    return all(-delta < iv["lo"] and iv["hi"] < delta for iv in intervals.values())
+
+
+def verdict(intervals: dict[str, dict[str, Any]], min_seeds: int = MIN_SEEDS,
+            narrow: dict[str, dict[str, Any]] | None = None,
+            delta: float | None = None) -> str:
+    """The rule's verdict from the intervals of both readings (claimed direction: > 0);
+    ``narrow`` (the 90% intervals) and ``delta``: an undecided comparison whose ``narrow``
+    intervals lie inside ``±delta`` is ``not reproduced`` (equivalent)."""
     if min(iv["n"] for iv in intervals.values()) < min_seeds:
         return "inconclusive"
     sides = {side(iv) for iv in intervals.values()}
@@ -98,7 +117,15 @@ def verdict(intervals: dict[str, dict[str, Any]], min_seeds: int = MIN_SEEDS) ->
         return "reproduced"
     if sides == {"below"}:
         return "not reproduced"
+    if narrow is not None and delta is not None and equivalent(narrow, delta):
+        return "not reproduced"
     return "inconclusive"
+
+
+def is_equivalence(res: dict[str, Any]) -> bool:
+    """A not-reproduced comparison decided by equivalence, not by lying below 0."""
+    return (res.get("verdict") == "not reproduced" and res.get("delta") is not None
+            and any(side(iv) != "below" for iv in res["intervals"].values()))
 
 
 def deciding_bound(res: dict[str, Any]) -> tuple[str, str, float] | None:
@@ -106,6 +133,11 @@ def deciding_bound(res: dict[str, Any]) -> tuple[str, str, float] | None:
     comparison (the lower bounds of a reproduced one, the upper bounds of a not-reproduced
     one); None for an inconclusive one."""
     ivs = res["intervals"]
+    if is_equivalence(res):  # the 90% bound nearest ±δ
+        eq = res["equivalence"]
+        reading, which = max(((r, w) for r in eq for w in ("lo", "hi")),
+                             key=lambda rw: abs(eq[rw[0]][rw[1]]))
+        return reading, "lower" if which == "lo" else "upper", eq[reading][which]
     if res["verdict"] == "reproduced":
         reading = min(ivs, key=lambda r: ivs[r]["lo"])
         return reading, "lower", ivs[reading]["lo"]
@@ -116,9 +148,13 @@ def deciding_bound(res: dict[str, Any]) -> tuple[str, str, float] | None:
 
 
 def fragile(res: dict[str, Any], drift: float = DRIFT) -> bool:
-    """A decided comparison whose deciding bound lies within ``drift`` of 0."""
+    """A decided comparison whose deciding bound lies within ``drift`` of 0 (of ±δ, for
+    one decided by equivalence)."""
     bound = deciding_bound(res)
-    return bound is not None and abs(bound[2]) <= drift
+    if bound is None:
+        return False
+    edge = res["delta"] if is_equivalence(res) else 0.0
+    return abs(abs(bound[2]) - edge) <= drift
 
 
 def claim_verdict(deciding: list[dict[str, Any] | None]) -> dict[str, Any]:
@@ -136,12 +172,15 @@ def claim_verdict(deciding: list[dict[str, Any] | None]) -> dict[str, Any]:
 
 def verdict_text(res: dict[str, Any]) -> str:
     """The verdict cell: ``**reproduced**``, or ``**fragile** (...)`` naming the bound."""
+    eq = is_equivalence(res)
+    name = f"not reproduced (equivalent within ±{res['delta']:g})" if eq else res["verdict"]
     if not fragile(res):
-        return f"**{res['verdict']}**"
+        return f"**{name}**"
     reading, which, bound = deciding_bound(res)
     word = READING_WORDS[reading]
-    return (f"**fragile** ({res['verdict']} by the rule, but the {word} {which} bound "
-            f"{bound:+.5f} lies within the cross-machine drift ±{DRIFT})")
+    edge = f" of ±{res['delta']:g}" if eq else ""
+    return (f"**fragile** ({name} by the rule, but the {word} {which} bound "
+            f"{bound:+.5f} lies within the cross-machine drift ±{DRIFT}{edge})")
 
 
 Curves = dict[tuple[int, int], list[float]]  # (seed, data.seed) -> evaluated values
@@ -170,16 +209,30 @@ def curves(folder: Path, metric: str) -> Curves:
     return logged(folder, metric)[metric]
 
 
-def paired(method: Curves, baseline: Curves) -> dict[str, Any]:
+def paired(method: Curves, baseline: Curves, delta: float | None = None,
+           seeds: list[int] | None = None) -> dict[str, Any]:
     """The paired comparison of two variants' runs (matched on seed and partition):
-    per-reading intervals of the difference, the variants' mean readings, the verdict."""
+    per-reading intervals of the difference (95%, and the 90% ``equivalence`` ones), the
+    variants' mean readings, the verdict (``delta``: with the equivalence verdict).
+    ``seeds``: a pre-registered sample, read alone and only when every one of its seeds ran
+    (``pending``: how many of them have; fewer than all: inconclusive, whatever they say)."""
     keys = sorted(method.keys() & baseline.keys())
+    pending = None
+    if seeds is not None:
+        keys = [k for k in keys if k[0] in set(seeds)]
+        if len(keys) < len(seeds):
+            pending = len(keys)
     a = {k: readings(method[k]) for k in keys}
     b = {k: readings(baseline[k]) for k in keys}
-    ivs = {r: t_interval([a[k][r] - b[k][r] for k in keys]) for r in READINGS}
+    diffs = {r: [a[k][r] - b[k][r] for k in keys] for r in READINGS}
+    ivs = {r: t_interval(diffs[r]) for r in READINGS}
+    narrow = {r: t_interval(diffs[r], EQUIVALENCE_LEVEL) for r in READINGS}
     means = {name: {r: float(np.mean([runs[k][r] for k in keys])) if keys else math.nan
                     for r in READINGS} for name, runs in (("method", a), ("baseline", b))}
-    return {"intervals": ivs, "means": means, "n": len(keys), "verdict": verdict(ivs)}
+    word = "inconclusive" if pending is not None else verdict(ivs, narrow=narrow, delta=delta)
+    return {"intervals": ivs, "equivalence": narrow, "means": means, "n": len(keys),
+            "verdict": word, "delta": delta, "pending": pending,
+            "planned": len(seeds) if seeds is not None else None}
 
 
 def _num(x: float) -> str:

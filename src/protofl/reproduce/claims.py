@@ -28,6 +28,23 @@ class Comparison:
 
 
 @dataclass(frozen=True)
+class Search:
+    """A learning-rate search run before a claim's runs, the same for every variant: each
+    rate of ``grid`` (optimizer ``optimizer``) at the claim's budget on ``seeds``, with
+    ``validation_fraction`` of every client's training rows held out; per split and variant
+    the rate of the best mean last-10% validation accuracy is chosen (a tie: the smaller)."""
+
+    grid: tuple[float, ...]
+    optimizer: str = "adam"
+    validation_fraction: float = 0.2
+    seeds: tuple[int, ...] = (100,)
+
+    def label(self, variant: str, lr: float) -> str:
+        """The search run's label: ``fedavg@0.001``."""
+        return f"{variant}@{lr:g}"
+
+
+@dataclass(frozen=True)
 class Claim:
     name: str
     seed_doc: str  # "first" (Michieli & Ozay) or "second" (FedProIn)
@@ -49,6 +66,8 @@ class Claim:
     # the reconstruction's alternatives run on this claim (``ALTERNATIVES``; ``protofl suite
     # reproduce --alternatives``), each paired with the references run beside them
     alternatives: tuple[str, ...] = ()
+    # a learning-rate search that picks every variant's rate per split before the runs
+    search: Search | None = None
 
     def alternative_variants(self) -> dict[str, dict[str, Any]]:
         """The references (``REFERENCES``) and each alternative (fedmargin with one
@@ -111,9 +130,11 @@ SEG_STATEMENT = ("fedmargin improves mIoU over FedAvg on every configuration, es
 # every claim's runs: the claims read accuracy, and the gradient dissimilarity is costly
 NO_COSTLY = {"metrics": {"dissimilarity_clients": 0}}
 # a reproduce folder: OUT/reproduce.json (the record), OUT/<claim>/<split>/<variant>/seed<N>
-# (the alternatives under OUT/<claim>/<split>/alternatives/<label>/seed<N>)
+# (the alternatives under OUT/<claim>/<split>/alternatives/<label>/seed<N>, a claim's
+# learning-rate search under OUT/<claim>/<split>/search/<variant>@<lr>/seed<N>)
 PLAN_FILE = "reproduce.json"
 ALTERNATIVES_DIR = "alternatives"
+SEARCH_DIR = "search"
 # the seeds' classification protocol beside what it takes from FedProx
 FEDPROX_CLIENTS = {"per_round": 10, "local_epochs": 20, "batch_size": 10, "optimizer": "sgd",
                    "stragglers": 0.5}
@@ -322,4 +343,18 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
           stand_in="HAM10000 and Matek-19 (scikit-learn's digits)",
           cost=("100 runs (10 variants x 2 splits x 5 seeds), over 1.5 h under this "
                 "session's load (about 17 min on the idle machine)")),
+    Claim("fedproin-digits-fair", "second", SECOND_STATEMENT,
+          merge(FEDPROIN_DIGITS, {"algorithm": "fedproin"}),
+          ("fedproin-digits' protocol, but every method at the Adam rate a search chose for "
+           "it and the split before the runs: the same grid (1e-4, 3e-4, 1e-3, 3e-3), the "
+           "same budget, 20% of each client's training rows held out for validation, search "
+           "seed 100, the best mean last-10% validation accuracy (pre-registered)",),
+          {"rounds": 2, "clients": {"local_steps": 2}},
+          {**{k: v for k, v in SECOND_VARIANTS.items() if "-no-" not in k},
+           "fedproin": {"algorithm": "fedproin", "algo": {"flips": False}}},
+          tuple(c for c in SECOND_COMPARISONS if c.decides),
+          splits={"iid": {"data": {"partition": "iid"}},
+                  "dir0.5": {"data": {"partition": "dirichlet", "alpha": 0.5}}},
+          stand_in="HAM10000 and Matek-19 (scikit-learn's digits)",
+          search=Search(grid=(1e-4, 3e-4, 1e-3, 3e-3))),
 )}

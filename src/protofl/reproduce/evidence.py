@@ -17,15 +17,17 @@ from typing import Any
 from protofl.errors import ProtoflError
 from protofl.report.claims import logged
 from protofl.reproduce.claims import ALTERNATIVES_DIR, CLAIMS, PLAN_FILE
+from protofl.reproduce.search import search_curves
 
 FORMAT = "protofl-reproduce-evidence/1"
 # an entry: {budget, status, seeds, splits, overrides (the suite's --set, --rounds, --device),
 # runs: {split: {variant: Curves}}, amm: the same, alternatives: the same}
 # ("runs": the claim's metric; "amm": the aggregate mean margin, where a run logs it;
 # "alternatives": the claim's metric of the reconstruction's alternatives and the references
-# run beside them (``suite reproduce --alternatives``), written only where some ran)
-CURVES = ("runs", "amm", "alternatives")
-OPTIONAL = ("alternatives",)
+# run beside them (``suite reproduce --alternatives``), written only where some ran;
+# "search": the validation accuracy of a claim's learning-rate search runs, by variant@lr)
+CURVES = ("runs", "amm", "alternatives", "search")
+OPTIONAL = ("alternatives", "search")
 Entry = dict[str, Any]
 
 
@@ -59,6 +61,8 @@ def from_folder(folder: Path) -> dict[str, Entry]:
                                    claim.metric)
                     if found[claim.metric]:
                         read["alternatives"].setdefault(split, {})[v] = found[claim.metric]
+            read["search"] = search_curves(claim, Path(folder), entry.get("splits")
+                                           or list(claim.splits))
         out[name] = {"overrides": {}, **entry, **read}
     return out
 
@@ -88,7 +92,10 @@ def _encode(name: str, entry: Entry) -> dict[str, Any]:
     (others sorted after), runs by (seed, data.seed)."""
     claim = CLAIMS.get(name)
     splits = list(claim.splits) if claim else []
+    search = claim.search if claim else None
     order = {"alternatives": list(claim.alternative_variants()) if claim else [],
+             "search": [search.label(v, lr) for v in claim.variants for lr in search.grid]
+             if search else [],
              **{key: list(claim.variants) if claim else [] for key in ("runs", "amm")}}
     doc: dict[str, Any] = {"format": FORMAT, "claim": name}
     for key in _first(entry, list(ORDER)):
@@ -193,14 +200,24 @@ def merge(sources: list[Path]) -> dict[str, Entry]:
     return best
 
 
+def kept_entry(folder: Path, name: str, budget: str,
+               overrides: dict[str, Any] | None) -> Entry | None:
+    """Claim ``name``'s entry in the evidence in ``folder`` if it ran at ``budget`` with
+    these overrides (None otherwise)."""
+    entry = merge([Path(folder)]).get(name)
+    if (entry is None or entry["status"] != "run" or entry["budget"] != budget
+            or _sorted(entry["overrides"]) != _sorted(overrides or {})):
+        return None
+    return entry
+
+
 def kept_runs(folder: Path, name: str, budget: str, overrides: dict[str, Any] | None,
               alternatives: bool = False) -> frozenset[tuple[str, str, int, int]]:
     """The runs of claim ``name`` that the evidence in ``folder`` holds at ``budget`` with
     these overrides, as ``(split, variant, seed, data.seed)`` (``alternatives``: its
     alternatives' runs), so that a suite resumed across machines runs only the rest."""
-    entry = merge([Path(folder)]).get(name)
-    if (entry is None or entry["status"] != "run" or entry["budget"] != budget
-            or _sorted(entry["overrides"]) != _sorted(overrides or {})):
+    entry = kept_entry(folder, name, budget, overrides)
+    if entry is None:
         return frozenset()
     key = "alternatives" if alternatives else "runs"
     return frozenset((split, v, s, d) for split, variants in entry.get(key, {}).items()

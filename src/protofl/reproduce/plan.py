@@ -12,7 +12,8 @@ from protofl.config import merge
 from protofl.errors import ProtoflError
 from protofl.nested import flatten
 from protofl.reproduce.claims import ALTERNATIVES_DIR, CLAIMS, NO_COSTLY, PLAN_FILE, Claim
-from protofl.reproduce.evidence import kept_runs
+from protofl.reproduce.evidence import kept_entry, kept_runs
+from protofl.reproduce.search import chosen_rates, search_curves, search_jobs
 from protofl.suites import seeded
 
 BUDGETS = ("short", "paper")
@@ -71,13 +72,15 @@ def claim_jobs(claim: Claim, budget: str, out: Path, seeds: tuple[int, ...],
                splits: list[str] | None = None,
                alternatives: bool = False,
                kept: frozenset[tuple] = frozenset(),
-               only: list[str] | None = None) -> list[tuple[dict, str]]:
+               only: list[str] | None = None,
+               rates: dict[str, dict[str, float]] | None = None) -> list[tuple[dict, str]]:
     """Every (raw config, run folder) of one claim at ``budget`` (``splits``, ``only``: just
     these splits, variants), two variants at a time over every seed (the first comparison's
     first), so that a suite stopped early leaves whole pairs of seeds for the headline
     comparison; ``alternatives``: instead, the reconstruction's alternatives and their
     references (``Claim.alternative_variants``), under ``ALTERNATIVES_DIR``; none of the
-    runs in ``kept`` (``(split, variant, seed, data.seed)``, from ``evidence.kept``)."""
+    runs in ``kept`` (``(split, variant, seed, data.seed)``, from ``evidence.kept``);
+    ``rates``: per split and variant the learning rate its search chose."""
     base = budget_config(claim, budget)
     if claim.pretrain:
         base = merge(base, {"model": {"pretrained": str(encoder_path(claim, budget, out))}})
@@ -89,6 +92,9 @@ def claim_jobs(claim: Claim, budget: str, out: Path, seeds: tuple[int, ...],
     for k in range(0, len(order), 2):
         for seed, split, label in product(seeds, splits or claim.splits, order[k:k + 2]):
             raw = merge(merge(base, claim.splits[split]), variants[label])
+            if rates is not None:
+                raw = merge(raw, {"clients": {"optimizer": claim.search.optimizer,
+                                              "lr": rates[split][label]}})
             raw = seeded(merge(raw, NO_COSTLY), seed, overrides)
             if (split, label, seed, raw["data"]["seed"]) in kept:
                 continue
@@ -96,6 +102,14 @@ def claim_jobs(claim: Claim, budget: str, out: Path, seeds: tuple[int, ...],
             where = where / ALTERNATIVES_DIR if alternatives else where
             jobs.append((raw, str(where / label / f"seed{seed}")))
     return jobs
+
+
+def _held(job: tuple[dict, str], found: dict[str, dict]) -> bool:
+    """A search job (``OUT/<claim>/<split>/search/<label>/seed<N>``) whose run ``found``
+    (its search curves) already holds."""
+    raw, folder = job
+    parts = Path(folder).parts
+    return (raw["seed"], raw["data"]["seed"]) in found.get(parts[-4], {}).get(parts[-2], {})
 
 
 def reproduce_plan(names: str | None, budget: str, out: Path,
@@ -110,7 +124,9 @@ def reproduce_plan(names: str | None, budget: str, out: Path,
     record unchanged, since the evidence says per variant what ran; ``alternatives``: the
     reconstruction's alternatives instead of the claim's variants, on the claims that have
     them; ``kept``: an evidence folder whose runs of the same budget and overrides are not
-    run again)."""
+    run again). A claim with a learning-rate search (``Claim.search``) plans its search
+    runs, and its own runs only once the search has finished (its record says
+    ``search: pending`` until then)."""
     seeds = tuple(seeds or SEEDS.get(budget, SEEDS["paper"]))
     claims = select(names)
     if alternatives:
@@ -129,11 +145,26 @@ def reproduce_plan(names: str | None, budget: str, out: Path,
                     claim.alternative_variants() if alternatives else claim.variants)
         record[claim.name] = {"budget": budget, "status": state, "seeds": list(seeds),
                               "splits": chosen, "overrides": overrides or {}}
-        if state == "run":
-            done = (kept_runs(kept, claim.name, budget, overrides, alternatives)
-                    if kept is not None else frozenset())
-            jobs += claim_jobs(claim, budget, out, seeds, overrides, chosen, alternatives, done,
-                               only)
+        if state != "run":
+            continue
+        done = (kept_runs(kept, claim.name, budget, overrides, alternatives)
+                if kept is not None else frozenset())
+        rates = None
+        if claim.search and not alternatives:
+            found = search_curves(claim, out, chosen)
+            old = kept_entry(kept, claim.name, budget, overrides) if kept else None
+            for split, labels in (old or {}).get("search", {}).items():
+                for label, curves in labels.items():
+                    found.setdefault(split, {}).setdefault(label, {}).update(curves)
+            jobs += [job for job in search_jobs(claim, budget_config(claim, budget), out,
+                                                chosen, overrides)
+                     if not _held(job, found)]
+            rates = chosen_rates(claim, found, chosen)
+            if rates is None:  # the claim's runs wait for the search (run_reproduce)
+                record[claim.name]["search"] = "pending"
+                continue
+        jobs += claim_jobs(claim, budget, out, seeds, overrides, chosen, alternatives, done,
+                           only, rates)
     return record, jobs
 
 

@@ -42,6 +42,11 @@ def run_reproduce(names: str | None, budget: str, out: Path, jobs: int | None = 
     write_record(out, record)  # first: a suite stopped early leaves a readable folder
     pretrain_encoders(names, budget, out, record)
     execute(work, jobs, f"reproduce ({budget})", executor)
+    if any(entry.get("search") for entry in record.values()):  # then the searched claims' runs
+        record, work = reproduce_plan(names, budget, out, seeds, overrides, splits,
+                                      alternatives, kept, variants)
+        write_record(out, record)
+        execute(work, jobs, f"reproduce ({budget})", executor)
     text = reproduction_markdown([*([kept] if kept else []), out], only=list(record))
     (out / "claims.md").write_text(text + "\n")
     return text

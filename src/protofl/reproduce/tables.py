@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from protofl.report.claims import (
+    DELTA,
     DRIFT,
     MIN_SEEDS,
     claim_verdict,
@@ -20,6 +21,15 @@ from protofl.reproduce import evidence
 from protofl.reproduce.amm import AMM_HEADER, amm_rows
 from protofl.reproduce.claims import CLAIMS, Claim, Comparison
 from protofl.reproduce.plan import rerun_command
+from protofl.reproduce.prereg import planned, planned_text
+
+
+def compare(claim: Claim, split: str, c: Comparison, runs: dict) -> dict[str, Any]:
+    """The paired result of one comparison by the rule, with the equivalence margin of the
+    claim's metric and, where it is pre-registered, only its pre-registered seeds."""
+    plan = planned(claim.name, split, c.method, c.baseline)
+    return paired(runs.get(c.method, {}), runs.get(c.baseline, {}), DELTA[claim.metric],
+                  plan["seeds"] if plan else None)
 
 
 def change_text(claim: Claim, entry: dict, res: dict[str, Any] | None, first: bool = True) -> str:
@@ -32,7 +42,12 @@ def change_text(claim: Claim, entry: dict, res: dict[str, Any] | None, first: bo
                      f"{claim.command('paper')}`) was too costly here: {claim.cost}")
     elif entry["budget"] != "paper":
         notes.append(f"the short budget is a smoke test: `{claim.command('paper')}`")
-    if res is not None and res["verdict"] == "inconclusive" and res["n"] >= MIN_SEEDS:
+    if res is not None and res.get("pending") is not None:
+        notes.append(f"the pre-registered {res['planned']} seeds ({res['pending']} ran: "
+                     f"`{claim.command(entry['budget'])} --seeds "
+                     f"{','.join(map(str, range(res['planned'])))} --kept docs/reproduction`); "
+                     "no verdict before all have")
+    elif res is not None and res["verdict"] == "inconclusive" and res["n"] >= MIN_SEEDS:
         notes.append("more seeds (`--seeds`) to narrow the interval")
     if res is not None and "intervals" in res and fragile(res):
         notes.append(f"more seeds (`--seeds`) to move its bound clear of the drift (±{DRIFT}); "
@@ -62,8 +77,9 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def deciding_text(claim: Claim) -> str:
-    """The comparisons that form the claim's verdict, in words."""
+def deciding_text(claim: Claim, with_plan: bool = True) -> str:
+    """The comparisons that form the claim's verdict, in words (``with_plan``: and their
+    pre-registration, where they have one)."""
     pairs = [c for c in claim.comparisons if c.decides]
     methods = list(dict.fromkeys(c.method for c in pairs))
     text = "; ".join(f"{m} − {', '.join(c.baseline for c in pairs if c.method == m)}"
@@ -72,6 +88,10 @@ def deciding_text(claim: Claim) -> str:
         text += " (each)"
     if list(claim.splits) != ["default"]:
         text += f", on {', '.join(claim.splits)}"
+    plans = [planned(claim.name, split, c.method, c.baseline)
+             for split in claim.splits for c in pairs]
+    if with_plan and plans and all(plans):
+        text += "; " + planned_text(plans)
     return text
 
 
@@ -87,8 +107,7 @@ def claim_result(claim: Claim, entry: dict | None) -> dict[str, Any] | None:
         runs = entry["runs"].get(split, {}) if split in ran else None
         for c in claim.comparisons:
             if c.decides:
-                res = None if runs is None else paired(runs.get(c.method, {}),
-                                                       runs.get(c.baseline, {}))
+                res = None if runs is None else compare(claim, split, c, runs)
                 deciding.append(res if res and res["n"] else None)
     return claim_verdict(deciding)
 
@@ -116,7 +135,7 @@ def results(claim: Claim, entry: dict) -> Iterator[tuple[str, Comparison, dict[s
     for split in entry.get("splits") or claim.splits:
         runs = entry["runs"].get(split, {})
         for c in claim.comparisons:
-            yield split, c, paired(runs.get(c.method, {}), runs.get(c.baseline, {}))
+            yield split, c, compare(claim, split, c, runs)
 
 
 def claim_rows(claim: Claim, entry: dict | None) -> list[str]:

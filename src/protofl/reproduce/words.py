@@ -11,6 +11,8 @@ from typing import Any
 
 from protofl.report.claims import TAIL, verdict_text
 from protofl.reproduce.claims import CLAIMS, Claim
+from protofl.reproduce.prereg import planned, planned_text
+from protofl.reproduce.search import chosen_rates, rates_text
 from protofl.reproduce.sensitivity import placed_text
 from protofl.reproduce.tables import claim_result, deciding_text, results
 
@@ -26,8 +28,10 @@ def comparison_sentence(split: str, c: Any, res: dict[str, Any]) -> str:
     if not res["n"]:
         return f"{head}: not run yet (no paired runs)"
     m, b = res["means"]["method"]["last"], res["means"]["baseline"]["last"]
+    pending = ("" if res.get("pending") is None else
+               f" of the {res['planned']} pre-registered (no verdict before all have run)")
     return (f"{head}: {verdict_text(res)}; {placed_text(res)}; the last 10% means: "
-            f"{c.method} {m:.3f} vs {c.baseline} {b:.3f}; n = {res['n']}")
+            f"{c.method} {m:.3f} vs {c.baseline} {b:.3f}; n = {res['n']}{pending}")
 
 
 def headline_keys(claim: Claim, entry: dict, split: str) -> list[tuple[int, int]]:
@@ -60,6 +64,21 @@ def finals_sentence(claim: Claim, entry: dict, split: str) -> str:
             f"{', '.join(steps)}")
 
 
+def plan_lines(claim: Claim, entry: dict) -> list[str]:
+    """The claim's pre-registration and, for a claim with a learning-rate search, the rates
+    it chose (or that it has not finished)."""
+    plans = [p for split in claim.splits for c in claim.comparisons
+             if (p := planned(claim.name, split, c.method, c.baseline))]
+    lines = [f"{deciding_text(claim, False)}: {planned_text(plans)}"
+             ] if plans else []
+    if claim.search:
+        rates = chosen_rates(claim, entry.get("search", {}), list(claim.splits))
+        lines.append("the learning rates its pre-registered search chose (by the best mean "
+                     "last-10% validation accuracy): " + (rates_text(claim, rates) if rates
+                                                          else "the search has not finished"))
+    return lines
+
+
 def claim_words(claim: Claim, entry: dict | None) -> list[str]:
     """The bullet (with its sub-bullets) of one claim; none when it did not run."""
     cv = claim_result(claim, entry)
@@ -87,9 +106,10 @@ def claim_words(claim: Claim, entry: dict | None) -> list[str]:
     pair = ("" if paired_seeds == seeds else
             f"; the headline pair on seeds {paired_seeds or 'none yet'}")
     lines = [f"- **{claim.name}**: {word} by the claim rule (decided by "
-             f"{deciding_text(claim)}{unrun}). Runs at the paper budget on seeds {seeds} "
+             f"{deciding_text(claim, False)}{unrun}). Runs at the paper budget on seeds {seeds} "
              f"({parts} partitions{own}{pair}); a run is evaluated {n} times, so its last "
              f"10% is the mean of the last {max(1, math.ceil(TAIL * n))} of {n} evaluations."]
+    lines += [f"  - {line}." for line in plan_lines(claim, entry)]
     lines += [f"  - {comparison_sentence(split, c, res)}."
               for split, c, res in results(claim, entry)]
     for split in ran:
