@@ -145,6 +145,14 @@ def test_calibrate_false_keeps_the_constants(measured, tmp_path):
     assert not list(calibrate.folder().glob("*.json"))
 
 
+@pytest.mark.parametrize("trainer", ["sequential", "vectorized", "parallel"])
+def test_a_named_trainer_is_recorded_for_every_round(tmp_path, trainer):
+    """A run on one named trainer (the parallel one's ``inner`` is a name, not a wrapper)."""
+    run_experiment(config_from_dict(_raw(trainer=trainer, workers=2, rounds=2)), tmp_path / "a")
+    plan = read_plan(tmp_path / "a")
+    assert plan.rounds == {1: trainer, 2: trainer} and plan.calibration is None
+
+
 def test_read_plan_keeps_rounds_up_to(tmp_path):
     (tmp_path / PLAN).write_text(
         '{"calibration": "abc", "costs": {"plain": 1.0, "rate": null}}\n'

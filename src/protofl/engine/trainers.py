@@ -155,7 +155,7 @@ def candidates(model: ProtoNet, device: torch.device, workers: int, precision: s
 
 def rounds_by_trainer(trainer: Trainer) -> dict[str, dict[str, int]]:
     """``{"trainer_rounds": {name: rounds}}`` for a run trained by :class:`Auto` (else {})."""
-    chosen = getattr(getattr(trainer, "inner", trainer), "chosen", None)
+    chosen = getattr(_unwrapped(trainer), "chosen", None)
     if not chosen:
         return {}
     return {"trainer_rounds": {n: chosen.count(n) for n in dict.fromkeys(chosen)}}
@@ -273,16 +273,23 @@ class Plan:
 def replay(trainer: Any, plan: Plan) -> None:
     """``trainer`` (an :class:`Auto`, perhaps grouped) replays a resumed run's ``plan``, its
     costs and nothing measured anew; other trainers have no plan."""
-    inner = getattr(trainer, "inner", trainer)
+    inner = _unwrapped(trainer)
     if isinstance(inner, Auto):
         inner.replay(plan)
         inner.calibrate = False
 
 
+def _unwrapped(trainer: Any) -> Any:
+    """The trainer a model-group wrapper (``hetero.grouped``) holds, else ``trainer`` itself
+    (the parallel trainer's ``inner`` is the name of its workers' trainer, not a wrapper's)."""
+    inner = getattr(trainer, "inner", trainer)
+    return trainer if isinstance(inner, str) else inner
+
+
 def last_choice(trainer: Any) -> tuple[str, str | None, dict[str, float] | None]:
     """The trainer of the round ``trainer`` trained last, and the calibration's hash and cost
     table the choice read (a named trainer: its name, None, None)."""
-    inner = getattr(trainer, "inner", trainer)
+    inner = _unwrapped(trainer)
     chosen = getattr(inner, "chosen", None)
     if chosen:
         return chosen[-1], inner.calibration, inner.table
