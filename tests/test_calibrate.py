@@ -40,7 +40,7 @@ def measured(monkeypatch):
 
     def use(table: dict) -> None:
         cache.clear(("calibration",))
-        monkeypatch.setattr(calibrate, "measure", lambda rc, names, compile=False: dict(table))
+        monkeypatch.setattr(calibrate, "measure", lambda rc, names, compile=False, compiled=None: dict(table))
 
     return use
 
@@ -218,14 +218,37 @@ def test_a_calibration_compiles_only_where_the_compile_may_pay(measured, tiny_ro
     assert Auto(model, rounds=10**6, calibrate=True).worth_compiling(tiny_round)
 
     asked = []
-    monkeypatch.setattr(calibrate, "measure", lambda rc, names, compile=False: asked.append(
-        compile) or ({**PLAIN_WINS, "compile": 1.0} if compile else dict(PLAIN_WINS)))
+    monkeypatch.setattr(calibrate, "measure", lambda rc, names, compile=False, compiled=None:
+                        asked.append(compile) or (
+                            {**PLAIN_WINS, "compile": 1.0} if compile else dict(PLAIN_WINS)))
     cache.clear(("calibration",))
     calibrate.costs_for(tiny_round, ["sequential", "compiled"])
     calibrate.costs_for(tiny_round, ["sequential", "compiled"])  # cached
     table, _ = calibrate.costs_for(tiny_round, ["sequential", "compiled"], compile=True)
     calibrate.costs_for(tiny_round, ["sequential", "compiled"], compile=True)  # cached
     assert asked == [False, True] and table["compile"] == 1.0
+
+
+def test_a_runs_calibration_compiles_the_graph_its_first_round_uses(tiny_round, monkeypatch):
+    """The compiled step is timed on auto's own compiled trainer at the round's clients, so
+    the graph compiled then is the one the run trains with: its estimate has no compile left.
+    (torch.compile is the identity here: the test is of which graph is made, not of a compile.)"""
+    import dataclasses
+
+    from protofl.engine.schedule import Job
+    from protofl.engine.trainers import Auto
+
+    monkeypatch.setenv("PROTOFL_CALIBRATE", "1")
+    monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)
+    cache.clear(("calibration",))
+    rc = dataclasses.replace(tiny_round, jobs=[Job(0, 2), Job(1, 2), Job(2, 2)])
+    auto = Auto(tiny_round.alg.model, rounds=10**6, calibrate=True)
+    assert auto.worth_compiling(rc)
+    auto.train(rc)
+    compiled = auto.trainers["compiled"]
+    assert {k.size for k in compiled.graphs} == {3}
+    work = auto.work(rc)
+    assert compiled.estimate(work) == costs.compiled_seconds(work, frozenset({3}))  # paid
 
 
 def test_an_unwritable_cache_falls_back_to_the_constants_in_one_line(measured, tiny_round,

@@ -92,7 +92,8 @@ def test_a_killed_a_late_and_a_returning_supernode(dep):
     got = rows(out)
     assert got[1]["clients"] == [0] and got[1]["rejected"] == [1, 2]  # round 2
     assert 1 in got[2]["rejected"]  # round 3: client 1 is still gone
-    assert got[-1]["clients"] == [0, 1, 2], got[-1]  # both are back by round 5
+    # both are back in round 4 or 5 (a returning node's first ClientApp may be late once)
+    assert [0, 1, 2] in [r["clients"] for r in got[3:]], got[3:]
     consistent(out, 5)
     assert dep.run_status(run_id) == "finished:completed"
     streamed = dep.run_log(run_id)
@@ -123,9 +124,12 @@ def test_every_supernode_gone_stops_the_run_and_resume_continues_it(dep):
     dep.superlink()
     for k in range(SITES):
         dep.supernode(f"node{k}_again", f"supernode_{k + 1}", dep.node_configs[k])
-    run_id = dep.flwr_run(cfg, out, round_timeout=TIMEOUT, extra="resume=true")
+    # every node must reply here: a generous timeout, since a fresh SuperNode's first
+    # ClientApp process can take longer than TIMEOUT on a loaded machine
+    run_id = dep.flwr_run(cfg, out, round_timeout=4 * TIMEOUT, extra="resume=true")
     summary = wait_for(lambda: (out / "summary.json").exists() and json.loads(
-        (out / "summary.json").read_text()), 240, "the resumed run to finish", every=2)
+        (out / "summary.json").read_text()), 2 * 4 * TIMEOUT + 120, "the resumed run to finish",
+        every=2)
     wait_for(lambda: dep.run_status(run_id).startswith("finished"), 60, "the ServerApp to end",
              every=2)
     assert summary["rounds"] == 3 and dep.run_status(run_id) == "finished:completed"

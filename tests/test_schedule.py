@@ -60,3 +60,17 @@ def test_last_pass_is_the_last_epoch_or_an_epochs_worth_of_steps():
     assert local_schedule(order, y, 7, 10, True, gen)[1] == 3  # ceil(25 / 10) steps
     assert local_schedule(order, y, 2, 10, True, gen)[1] == 2  # fewer steps than a pass
     assert local_schedule(order, torch.arange(4), 3, 10, True, gen)[1] == 1
+
+
+def test_steps_cut_the_passes_drawn_in_turn_into_batches():
+    """By steps: the batches are one stream of passes, each drawn from the client's generator
+    only when the steps reach it (so the generator ends where exactly that many draws leave it)."""
+    order = lambda y, g: torch.randperm(len(y), generator=g)  # noqa: E731
+    for n, units, b in [(25, 7, 10), (30, 3, 10), (10, 4, 10), (13, 1, 5)]:
+        y, gen = torch.arange(n), torch.Generator().manual_seed(n)
+        batches, _ = local_schedule(order, y, units, b, True, gen)
+        ref = torch.Generator().manual_seed(n)
+        passes = [torch.randperm(n, generator=ref) for _ in range(-(-units * b // n))]
+        assert torch.equal(torch.cat(batches), torch.cat(passes)[:units * b])
+        assert [len(i) for i in batches] == [b] * units
+        assert torch.equal(gen.get_state(), ref.get_state())

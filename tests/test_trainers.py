@@ -63,11 +63,14 @@ def test_the_cost_model_by_hand():
     # compiled: stack sizes 1 and 3 (bucket(3) = 4, at most the 3 clients), two compiles
     assert [costs.bucket(n, 3) for n in (1, 2, 3)] == [1, 2, 3]
     assert costs.bucket(3, 8) == 4 and costs.bucket(5, 8) == 8
-    # a graph's call overhead shared by its COMPILED_STEPS steps
-    step = lambda m: k["compiled"] / costs.COMPILED_STEPS + m * (  # noqa: E731
-        k["compiled_client"] + arith)
-    # 5 steps: a window of 8 padded with 3 steps at the tail's width (1 client)
-    run = 3 * step(1) + 2 * step(3) + 3 * step(1)
+    # windows of at most 8 steps, as even as can be: the least padding
+    assert [costs.window(s) for s in (1, 5, 8, 9, 20, 24, 37870)] == [1, 5, 8, 5, 7, 8, 8]
+    # a graph's call overhead shared by its window's steps (5 steps: one window of 5)
+    step = lambda m, s=5: k["compiled"] / s + m * (k["compiled_client"] + arith)  # noqa: E731
+    run = 3 * step(1) + 2 * step(3)
+    # a trainer whose windows are 8 steps pads 3 at the tail's width (1 client)
+    assert costs.compiled_seconds(w, frozenset({1, 3}), 8) == pytest.approx(
+        3 * step(1, 8) + 2 * step(3, 8) + 3 * step(1, 8))
     assert costs.compiled_seconds(w) == pytest.approx(run + 2 * k["compile"])
     assert costs.compiled_seconds(w, frozenset({1})) == pytest.approx(run + k["compile"])
     long = costs.Work((2, 5, 2), 10, 2e5, rounds_left=100)

@@ -4,10 +4,12 @@
 A calibration times, on the run's own algorithm, data, batch and device, a few short rounds of
 each in-process trainer that can train the model (``STEPS`` local steps each): the plain step
 (the sequential trainer, one client), the vmap step at 1 and ``CLIENTS`` clients (the vectorized
-trainer), the compiled step at ``CLIENTS`` clients and its compile (the compiled trainer, where
-a compile may pay: ``protofl calibrate``, or a run whose constants put the compile under half
-its training; else its cost is the vmap step's scaled by the constants' ratio), and the plain
-step on every usable core (the parallel trainer's lead). Each round runs three times and the
+trainer), the compiled step at the round's own clients and its compile (the compiled trainer,
+where a compile may pay: ``protofl calibrate``, or a run whose constants put the compile under
+half its training; else its cost is the vmap step's scaled by the constants' ratio), and the
+plain step on every usable core (the parallel trainer's lead). A run's calibration compiles
+with the run's own compiled trainer, so the graph it compiles is the one the run's first
+compiled round uses: a first run pays one compile, not two. Each round runs three times and the
 fastest counts, in the process's CPU time on a CPU (wall clock for the plain step on every
 core, a compile and on CUDA), so that a busy machine's other processes do not enter the
 costs; torch's global generator is left as it was. It becomes a cost table in the form of
@@ -143,10 +145,10 @@ def save(key: str, mach: dict, sig: dict, measured: dict[str, float], seconds: f
     return path
 
 
-def _round(rc: RoundContext, clients: list[int]) -> RoundContext:
-    """``rc``'s round with ``clients`` each taking ``STEPS`` steps, nothing sent anywhere."""
+def _round(rc: RoundContext, clients: list[int], steps: int = STEPS) -> RoundContext:
+    """``rc``'s round with ``clients`` each taking ``steps`` steps, nothing sent anywhere."""
     setup = dataclasses.replace(rc.setup, by_steps=True, lr_decay=1.0)
-    return dataclasses.replace(rc, jobs=[Job(int(k), STEPS) for k in clients], setup=setup,
+    return dataclasses.replace(rc, jobs=[Job(int(k), steps) for k in clients], setup=setup,
                                client_states={}, upload_hook=None)
 
 
@@ -168,12 +170,14 @@ def _timed(trainer: Any, rc: RoundContext, wall: bool = False) -> tuple[float, f
     return first, best
 
 
-def measure(rc: RoundContext, names: list[str], compile: bool = False) -> dict[str, float]:
+def measure(rc: RoundContext, names: list[str], compile: bool = False,
+            compiled: Any = None) -> dict[str, float]:
     """The costs of the trainers ``names`` (of ``trainers.TRAINERS``) on ``rc``'s algorithm,
     data and setup, per step (seconds); the keys of ``costs.CPU`` they determine. The
     compiled step is timed with ``compile`` (a compile: tens of seconds on a CPU when torch's
-    cache does not hold the graph); else its cost per client is the vmap step's, scaled by
-    the constants' ratio of the two."""
+    cache does not hold the graph), on ``compiled`` (a ``CompiledTrainer``, which keeps the
+    graph; default a new one) at ``rc``'s clients (``CLIENTS`` when it has none); else its
+    cost per client is the vmap step's, scaled by the constants' ratio of the two."""
     from protofl.engine.compiled import CompiledTrainer
     from protofl.engine.train import SequentialTrainer
     from protofl.engine.trainers import usable_cores
@@ -206,9 +210,14 @@ def measure(rc: RoundContext, names: list[str], compile: bool = False) -> dict[s
             out["vmap_client"] = max((vn - v1) / (n - 1), 0.0)
             out["vmap"] = max(v1 - out["vmap_client"], 0.0)
         if n > 1 and "compiled" in names and compile:
-            first, best = _timed(CompiledTrainer(), many)
+            # one window of the round's own: its clients, as many steps as its graphs take
+            longest = max((costs.job_steps(j, rc.data, rc.setup.batch_size, rc.setup.by_steps)
+                           for j in rc.jobs), default=STEPS)
+            w = costs.window(longest)
+            whole = _round(rc, [j.client for j in rc.jobs] or order[:n], w)
+            first, best = _timed(compiled or CompiledTrainer(), whole)
             out["compiled"] = base["compiled"]
-            out["compiled_client"] = max((best / STEPS - base["compiled"] / STEPS) / n, 0.0)
+            out["compiled_client"] = max((best - base["compiled"]) / w / len(whole.jobs), 0.0)
             out["compile"] = max(first - best, 0.0)
         elif "vmap_client" in out and "compiled" in names:
             arithmetic = costs.Work.of(rc.alg.model, rc.data.inputs(rc.data.x_train[:1]),
@@ -220,10 +229,11 @@ def measure(rc: RoundContext, names: list[str], compile: bool = False) -> dict[s
 
 
 def costs_for(rc: RoundContext, names: list[str], remeasure: bool = False,
-              compile: bool = False) -> tuple[dict[str, float] | None, str | None]:
+              compile: bool = False, compiled: Any = None
+              ) -> tuple[dict[str, float] | None, str | None]:
     """The cost table and calibration hash for ``rc``'s model on this machine: the cached
-    calibration, else (or with ``remeasure``) one measured now (``compile``: ``measure``'s)
-    and cached; ``(None, None)`` when a damaged entry or an unwritable cache leaves only the
+    calibration, else (or with ``remeasure``) one measured now (``compile``, ``compiled``:
+    ``measure``'s) and cached; ``(None, None)`` when a damaged entry or an unwritable cache leaves only the
     constants."""
     device = torch.device(rc.setup.device)
     mach, sig = machine(device), signature(rc)
@@ -239,7 +249,7 @@ def costs_for(rc: RoundContext, names: list[str], remeasure: bool = False,
                     "calibrate: false skips it)", sig["model"], sig["batch"])
         start = time.perf_counter()
         try:
-            measured = measure(rc, names, compile)
+            measured = measure(rc, names, compile, compiled)
             save(key, mach, sig, measured, time.perf_counter() - start)
         except OSError as e:
             log.warning("calibration cannot be cached in %s (%s); auto uses the fixed cost "
@@ -273,8 +283,8 @@ def calibrate_config(cfg: Any, compile: bool = True) -> list[str]:
                            "constants; nothing to calibrate")
     names = list(trainers.candidates(exp.alg.model, exp.device, spec.workers, spec.precision,
                                      spec.rounds))
-    rc = RoundContext(exp.alg, exp.alg.broadcast(exp.state), [], exp.train_data, {},
-                      exp.setup.at(1), 1)
+    rc = RoundContext(exp.alg, exp.alg.broadcast(exp.state), exp.jobs(1)[1], exp.train_data,
+                      {}, exp.setup.at(1), 1)
     threads = torch.get_num_threads()
     torch.set_num_threads(spec.threads)
     try:

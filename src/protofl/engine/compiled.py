@@ -1,6 +1,7 @@
-"""The compiled trainer: the vectorized trainer's loop with every window of
-``costs.COMPILED_STEPS`` steps (at each, the clients' forward and backward under ``vmap`` and
-the optimizer update) compiled into one graph by ``torch.compile``.
+"""The compiled trainer: the vectorized trainer's loop with every window of steps (at each,
+the clients' forward and backward under ``vmap`` and the optimizer update) compiled into one
+graph by ``torch.compile``. A window is at most ``costs.COMPILED_STEPS`` steps, fixed by the
+trainer's first round (``costs.window``: 20 local steps run as three windows of 7).
 
 A step of small models is mostly overhead (Python, dispatch, autograd bookkeeping): compiled,
 and its call shared by the window's steps, the Synthetic MLP's step costs about a fifth of the
@@ -87,12 +88,12 @@ def _fresh(m: int):
 
 
 class CompiledStep:
-    """``costs.COMPILED_STEPS`` steps of the stack's first clients at the compiled stack size
+    """``steps`` steps (a window) of the stack's first clients at the compiled stack size
     ``bucket(n)``, ``n`` the clients with the first of them; the vectorized trainer's eager
     step (``fallback``) where compiling fails."""
 
-    def __init__(self, stack: Stack, graphs: dict, fallback: Step):
-        self.steps = costs.COMPILED_STEPS
+    def __init__(self, stack: Stack, graphs: dict, fallback: Step, steps: int):
+        self.steps = steps
         self.stack, self.graphs, self.fallback = stack, graphs, fallback
         self.most = stack.size()
         self.failed = False
@@ -158,6 +159,7 @@ class CompiledTrainer(VectorizedTrainer):
     def __init__(self, budget: int | None = None):
         super().__init__(budget)
         self.graphs: dict = {}  # compiled steps by stack size, kept for the run
+        self.window: int | None = None  # steps per graph: set by the first round
 
     @staticmethod
     def unable(model: ProtoNet, precision: str, device: torch.device) -> str | None:
@@ -165,7 +167,11 @@ class CompiledTrainer(VectorizedTrainer):
                 or compile_reason(torch.device(device)))
 
     def estimate(self, work: costs.Work) -> float:
-        return costs.compiled_seconds(work, frozenset(k.size for k in self.graphs))
+        return costs.compiled_seconds(work, frozenset(k.size for k in self.graphs),
+                                      self.window)
 
     def make_step(self, rc: RoundContext, stack: Stack, works: list[ClientWork]) -> Step:
-        return CompiledStep(stack, self.graphs, super().make_step(rc, stack, works))
+        if self.window is None:
+            self.window = costs.window(max(len(w.batches) for w in works))
+        return CompiledStep(stack, self.graphs, super().make_step(rc, stack, works),
+                            self.window)

@@ -40,7 +40,7 @@ CPU = {
     "plain": 5e-4,  # overhead of one client's plain step
     "vmap": 1.5e-3,  # overhead of a vmap step, once
     "vmap_client": 1e-4,  # ... and per client in it
-    "compiled": 4e-4,  # overhead of one call of a compiled graph (COMPILED_STEPS steps)
+    "compiled": 4e-4,  # overhead of one call of a compiled graph (a window of steps)
     "compiled_client": 5e-5,  # ... and per client and step in it
     "rate": 4e10,
     "compile": 40.0,  # one compile (one stack size)
@@ -54,7 +54,7 @@ CPU = {
 CUDA = {"plain": 6e-4, "vmap": 1.2e-3, "vmap_client": 2e-6, "compiled": 2e-4,
         "compiled_client": 1e-6, "rate": 5e12, "compile": 60.0, "fork": 0.3, "message": 2e-3,
         "thread_gain": 0.0, "thread_sync": 0.0}
-COMPILED_STEPS = 8  # steps in one compiled graph (engine/compiled.py)
+COMPILED_STEPS = 8  # the most steps in one compiled graph (engine/compiled.py: a window)
 
 
 @dataclass(frozen=True)
@@ -149,11 +149,19 @@ def vmap_step(work: Work, n: int) -> float:
     return c["vmap"] + n * (c["vmap_client"] + work.arithmetic())
 
 
-def compiled_step(work: Work, m: int) -> float:
-    """One step of ``m`` clients in a compiled graph (its call's overhead shared by the
-    graph's ``COMPILED_STEPS`` steps)."""
+def window(longest: int) -> int:
+    """Steps in one compiled graph for rounds whose longest client takes ``longest`` steps:
+    at most ``COMPILED_STEPS``, the windows as even as they can be, so that the last is padded
+    the least (20 steps: three windows of 7, one step padded, not three of 8 with four)."""
+    windows = max(1, -(-longest // COMPILED_STEPS))
+    return max(1, -(-longest // windows))
+
+
+def compiled_step(work: Work, m: int, steps: int = COMPILED_STEPS) -> float:
+    """One step of ``m`` clients in a compiled graph of ``steps`` steps (its call's overhead
+    shared by them)."""
     c = work.constants()
-    return c["compiled"] / COMPILED_STEPS + m * (c["compiled_client"] + work.arithmetic())
+    return c["compiled"] / steps + m * (c["compiled_client"] + work.arithmetic())
 
 
 def solo_max(work: Work) -> int:
@@ -182,15 +190,17 @@ def bucket(n: int, most: int) -> int:
     return min(1 << max(n - 1, 0).bit_length(), most)
 
 
-def compiled_seconds(work: Work, compiled: frozenset[int] = frozenset()) -> float:
-    """The compiled trainer's estimate: its steps (the last window padded to
-    ``COMPILED_STEPS``), and the compile of each stack size it needs that is not in
-    ``compiled`` yet, spread over the rounds left."""
+def compiled_seconds(work: Work, compiled: frozenset[int] = frozenset(),
+                     steps: int | None = None) -> float:
+    """The compiled trainer's estimate: its steps in windows of ``steps`` (default
+    ``window`` of the longest client's; the last window padded), and the compile of each
+    stack size it needs that is not in ``compiled`` yet, spread over the rounds left."""
     most = len(work.steps)
     active = work.active()
+    w = steps or window(max(work.steps, default=0))
     sizes = {bucket(n, most) for _, n in active} - compiled
-    run = sum(steps * compiled_step(work, bucket(n, most)) for steps, n in active)
-    pad = -max(work.steps) % COMPILED_STEPS  # steps no client has, at the tail's width
-    run += pad * compiled_step(work, bucket(active[0][1], most)) if active else 0.0
+    run = sum(k * compiled_step(work, bucket(n, most), w) for k, n in active)
+    pad = -max(work.steps, default=0) % w  # steps no client has, at the tail's width
+    run += pad * compiled_step(work, bucket(active[0][1], most), w) if active else 0.0
     return run + len(sizes) * work.constants()["compile"] / work.rounds_left
 

@@ -23,7 +23,7 @@ from protofl.engine.divergence import check_loss, remedy
 from protofl.engine.federation import Federation, build
 from protofl.engine.private import stack
 from protofl.engine.runfolder import RunStore, read_plan, should_checkpoint
-from protofl.engine.schedule import assign_work, drop_out, sample_clients
+from protofl.engine.schedule import Job, assign_work, drop_out, sample_clients
 from protofl.engine.train import ClientResult, RoundContext, Trainer
 from protofl.errors import Diverged, ProtoflError
 from protofl.nested import flatten
@@ -114,15 +114,20 @@ class Experiment:
             self.rng = torch.get_rng_state()
         return record
 
+    def jobs(self, t: int) -> tuple[np.ndarray, list[Job]]:
+        """Round ``t``'s sampled clients and the local work of those that stay."""
+        cfg, c = self.cfg, self.cfg.clients
+        active = sample_clients(self.train_data.train_sizes, c.per_round, c.sampling,
+                                np_rng(cfg.seed, SAMPLE, t))
+        return active, assign_work(drop_out(active, c.dropout, np_rng(cfg.seed, DROP, t)),
+                                   c.local_steps or c.local_epochs, c.stragglers,
+                                   c.tolerate_partial, np_rng(cfg.seed, STRAGGLE, t))
+
     def _round(self) -> dict:
         cfg, c, data = self.cfg, self.cfg.clients, self.train_data
         t = self.round + 1
         start = time.perf_counter()
-        active = sample_clients(data.train_sizes, c.per_round, c.sampling,
-                                np_rng(cfg.seed, SAMPLE, t))
-        jobs = assign_work(drop_out(active, c.dropout, np_rng(cfg.seed, DROP, t)),
-                           c.local_steps or c.local_epochs, c.stragglers, c.tolerate_partial,
-                           np_rng(cfg.seed, STRAGGLE, t))
+        active, jobs = self.jobs(t)
         rc = RoundContext(self.alg, self.alg.broadcast(self.state), jobs, data,
                           self.client_states, self.setup.at(t), t,
                           self.aggregation.client_hook())

@@ -78,18 +78,24 @@ def local_schedule(order: Order, y: torch.Tensor, units: int, batch_size: int, b
             batches.extend(epoch)
             last = len(epoch)
         return batches, last
-    pending = torch.empty(0, dtype=torch.long)
-    epoch_len = 0
-    while len(batches) < units:
-        while len(pending) < batch_size:
-            drawn = order(y, gen)
-            epoch_len = epoch_len or len(drawn)
-            pending = torch.cat([pending, drawn])
+    # one stream of passes, each drawn when the samples left in it fill no batch (a client
+    # smaller than a batch: one pass a step); the batches cut from it (counted in ints,
+    # the tensors joined once)
+    drawn: list[torch.Tensor] = []
+    cuts: list[tuple[int, int]] = []
+    have = used = 0
+    while len(cuts) < units:
+        while have - used < batch_size:
+            drawn.append(order(y, gen))
+            have += len(drawn[-1])
             if len(y) < batch_size:
                 break
-        take = min(batch_size, len(pending))
-        batches.append(pending[:take])
-        pending = pending[take:]
+        take = min(batch_size, have - used)
+        cuts.append((used, used + take))
+        used += take
+    stream = torch.cat(drawn) if drawn else torch.empty(0, dtype=torch.long)
+    batches = [stream[a:b] for a, b in cuts]
+    epoch_len = len(drawn[0]) if drawn else 0
     return batches, min(len(batches), max(1, math.ceil(epoch_len / batch_size)))
 
 

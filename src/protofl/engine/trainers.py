@@ -246,7 +246,8 @@ class Auto:
             self.calibrate = False  # once: the first round's model, data and setup
             if hetero.groups_of(rc.alg) is None:  # a heterogeneous run keeps the constants
                 self.table, self.calibration = cal.costs_for(
-                    rc, list(self.trainers), compile=self.worth_compiling(rc))
+                    rc, list(self.trainers), compile=self.worth_compiling(rc),
+                    compiled=self.trainers.get("compiled"))
         name = self.choose(rc)
         self.chosen.append(name)
         trainer = self.trainers[name]
