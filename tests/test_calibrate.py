@@ -40,7 +40,8 @@ def measured(monkeypatch):
 
     def use(table: dict) -> None:
         cache.clear(("calibration",))
-        monkeypatch.setattr(calibrate, "measure", lambda rc, names, compile=False, compiled=None: dict(table))
+        monkeypatch.setattr(calibrate, "measure",
+                            lambda rc, names, compile=False, compiled=None: dict(table))
 
     return use
 

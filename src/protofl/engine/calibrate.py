@@ -233,8 +233,8 @@ def costs_for(rc: RoundContext, names: list[str], remeasure: bool = False,
               ) -> tuple[dict[str, float] | None, str | None]:
     """The cost table and calibration hash for ``rc``'s model on this machine: the cached
     calibration, else (or with ``remeasure``) one measured now (``compile``, ``compiled``:
-    ``measure``'s) and cached; ``(None, None)`` when a damaged entry or an unwritable cache leaves only the
-    constants."""
+    ``measure``'s) and cached; ``(None, None)`` when a damaged entry or an unwritable cache
+    leaves only the constants."""
     device = torch.device(rc.setup.device)
     mach, sig = machine(device), signature(rc)
     key = key_of(mach, sig)
