@@ -55,8 +55,6 @@ import torch.nn.functional as F
 
 from protofl.config import apply_set, config_from_dict, load_raw
 from protofl.engine.experiment import Experiment
-from protofl.engine.schedule import assign_work, sample_clients
-from protofl.seeding import SAMPLE, STRAGGLE, np_rng
 
 VARIANTS = ("auto", "sequential", "loop", "floor")
 MNIST_VARIANTS = ("auto", "spread", "sequential", "loop")
@@ -104,15 +102,6 @@ def protofl_rounds(w: Workload, epochs: int, rounds: int, trainer: str, workers:
         exp.close()
 
 
-def schedule(exp: Experiment, t: int):
-    """Round ``t``'s jobs as protofl's schedule draws them (the run's seeds)."""
-    cfg, c, data = exp.cfg, exp.cfg.clients, exp.train_data
-    active = sample_clients(data.train_sizes, c.per_round, c.sampling,
-                            np_rng(cfg.seed, SAMPLE, t))
-    return assign_work(active, c.local_epochs, c.stragglers, c.tolerate_partial,
-                       np_rng(cfg.seed, STRAGGLE, t))
-
-
 def plain_rounds(w: Workload, epochs: int, rounds: int, fused: bool):
     """The loop (``fused``: the floor) over the rounds protofl's schedule draws."""
     exp = Experiment(config(w, epochs, "sequential", None), callbacks=[])
@@ -122,7 +111,7 @@ def plain_rounds(w: Workload, epochs: int, rounds: int, fused: bool):
         start = time.perf_counter()
         torch.set_num_threads(1)
         states, sizes = [], []
-        for job in schedule(exp, t):
+        for job in exp.jobs(t)[1]:  # round t's jobs as protofl's schedule draws them
             x, y = exp.client_inputs(job.client)  # model inputs (MNIST: pixels / 255)
             local = copy.deepcopy(model)
             (fused_train if fused else loop_train)(local, x, y, job.units, batch, lr, gen)
