@@ -164,17 +164,21 @@ def weighted_mean(values: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def weighted_average(trees: list[Tensors], weights: torch.Tensor) -> Tensors:
-    """``sum_k weights[k] * tree_k`` for every floating tensor; integer tensors (BatchNorm's
-    step counters) are taken from the first tree."""
-    out = {}
-    for name, first in trees[0].items():
-        if first.is_floating_point():
-            stacked = torch.stack([t[name] for t in trees])
-            w = weights.to(stacked.dtype).reshape(-1, *([1] * first.dim()))
-            out[name] = (w * stacked).sum(0)
-        else:
-            out[name] = first.clone()
-    return out
+    """``sum_k weights[k] * tree_k`` for every floating tensor, added tree by tree in the
+    order given (one pass over each, no stacked copy; one multi-tensor operation per tree and
+    dtype); integer tensors (BatchNorm's step counters) are taken from the first tree."""
+    groups: dict[torch.dtype, list[str]] = {}
+    for name, v in trees[0].items():
+        if v.is_floating_point():
+            groups.setdefault(v.dtype, []).append(name)
+    summed: Tensors = {}
+    for dtype, names in groups.items():
+        w = weights.to(dtype)
+        total = torch._foreach_mul([trees[0][n] for n in names], w[0])
+        for k in range(1, len(trees)):
+            torch._foreach_add_(total, torch._foreach_mul([trees[k][n] for n in names], w[k]))
+        summed.update(zip(names, total))
+    return {n: summed[n] if n in summed else v.clone() for n, v in trees[0].items()}
 
 
 def sample_weights(uploads: list[Tensors]) -> torch.Tensor:
