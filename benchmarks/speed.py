@@ -46,7 +46,8 @@ OpenMP threads that outnumber the free cores spin and made every multi-threaded 
 slower (a 2-thread MLP loop round took 120 s instead of 1 s at a load average of 10 on 2
 cores); on an idle machine ``--threads 2`` gives the plain loop both cores. The in-process
 variants are timed in
-ONE subprocess, one round of each in turn (so load changes on a shared machine hit them alike;
+ONE subprocess, one round of each in turn, the order rotating each round (so load changes on
+a shared machine hit them alike, and no variant always runs after the same other one;
 idle worker processes wait on a pipe and take no CPU); Flower runs in its own. Peak memory is
 measured per variant in a fresh subprocess (1 warm-up + 1 round; Flower: its timing run): the
 largest summed proportional set size (PSS: a page shared by n processes counts 1/n, so forked
@@ -372,8 +373,12 @@ def child(variant: str, name: str, warmup: int, rounds: int, a: argparse.Namespa
                     runs[v] = protofl_rounds(name, v, a.workers, a.threads, a.device)
             times = {v: [] for v in runs}
             peaks = dict.fromkeys(runs, 0)
-            for _ in range(total):
-                for v, run in list(runs.items()):
+            for i in range(total):  # the order rotates: no variant always follows another
+                names = list(runs)
+                if not names:
+                    break
+                for v in names[i % len(names):] + names[:i % len(names)]:
+                    run = runs[v]
                     reset_gpu_peak(a.device)
                     try:
                         times[v].append(next(run))
