@@ -137,12 +137,14 @@ class Deployment:
     def log(self, name: str) -> str:
         return (self.root / f"{name}.log").read_text(errors="replace")
 
-    def flwr_run(self, cfg: Config, out: Path, round_timeout: float, extra: str = "") -> int:
+    def flwr_run(self, cfg: Config, out: Path, round_timeout: float, extra: str = "",
+                 node_wait: float = 60.0) -> int:
         """Start ``cfg`` on the federation (the ServerApp writes the run folder ``out``;
-        ``extra``: more run config, e.g. ``resume=true``); the run's id."""
+        ``extra``: more run config, e.g. ``resume=true``; ``node_wait``: how long the run
+        waits for every client's SuperNode); the run's id."""
         path = out.with_name(out.name + ".json")
         path.write_text(json.dumps(cfg.to_dict()))
-        overrides = (f'out="{out}" round-timeout={round_timeout} node-wait=60.0 '
+        overrides = (f'out="{out}" round-timeout={round_timeout} node-wait={node_wait} '
                      f'num-server-rounds={cfg.rounds} config="{path}" set="" {extra}').strip()
         out = self.flwr("run", str(REPO), "test", "--run-config", overrides)
         assert "Successfully started run" in out, out
