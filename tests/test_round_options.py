@@ -83,6 +83,7 @@ def test_compiled_steps_follow_a_decaying_rate(float64, monkeypatch):
     from protofl.models.nets import Mlp
 
     monkeypatch.setattr(costs, "COMPILED_STEPS", 2)
+    monkeypatch.setattr(costs, "LOOPED_STEPS", 2)
     monkeypatch.setattr(compiled.torch, "compile", lambda fn, **kw: fn)
     setup = LocalSetup(4, True, "sgd", 0.2, 0.0, 0.0, seed=1, lr_decay=0.5)
     data = federation()

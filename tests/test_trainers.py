@@ -65,6 +65,7 @@ def test_the_cost_model_by_hand():
     assert costs.bucket(3, 8) == 4 and costs.bucket(5, 8) == 8
     # windows of at most 8 steps, as even as can be: the least padding
     assert [costs.window(s) for s in (1, 5, 8, 9, 20, 24, 37870)] == [1, 5, 8, 5, 7, 8, 8]
+    assert [costs.window(s, 32) for s in (20, 33, 64, 37870)] == [20, 17, 32, 32]
     # a graph's call overhead shared by its window's steps (5 steps: one window of 5)
     step = lambda m, s=5: k["compiled"] / s + m * (k["compiled_client"] + arith)  # noqa: E731
     run = 3 * step(1) + 2 * step(3)

@@ -245,6 +245,7 @@ def test_compiled_equals_sequential(float64, caplog, monkeypatch, name, setup):
     from protofl.engine.compiled import CompiledTrainer
 
     monkeypatch.setattr(costs, "COMPILED_STEPS", 2)  # small graphs: a quick compile
+    monkeypatch.setattr(costs, "LOOPED_STEPS", 2)
 
     s = SETUPS[setup]
     data = federation()
@@ -265,6 +266,29 @@ def test_compiled_equals_sequential(float64, caplog, monkeypatch, name, setup):
                     client_states[r.client] = r.state
             state, _ = alg.aggregate(state, [r.upload for r in seq], rnd)
     assert not [r for r in caplog.records if "compile" in r.getMessage()]
+
+
+def test_a_looped_window_gives_the_unrolled_windows_numbers(monkeypatch):
+    """On a CPU a window's steps are a loop in the graph (torch's scan); unrolled (as on
+    CUDA) they give the same weights, bit for bit (fedprox under Adam: a context, a stack of
+    sizes 4, 2 and 1, masked clients, a padded window)."""
+    from protofl.engine import compiled, costs
+
+    if compiled._scan is None:
+        pytest.skip("this torch has no scan")
+    monkeypatch.setattr(costs, "LOOPED_STEPS", 2)
+    data = federation()
+    torch.manual_seed(0)
+    alg = make_algorithm("fedprox", {}, Mlp(5, C, hidden=(8, 6)), C, info(data))
+    jobs = [Job(0, 3), Job(1, 3), Job(2, 1, straggler=True), Job(3, 2)]
+    rc = RoundContext(alg, alg.broadcast(alg.init_state(alg.model)), jobs, data, {},
+                      SETUPS["adam-epochs"], 1)
+    looped = compiled.CompiledTrainer().train(rc)
+    monkeypatch.setattr(compiled, "_looped", lambda device: False)
+    monkeypatch.setattr(costs, "COMPILED_STEPS", 2)
+    unrolled = compiled.CompiledTrainer().train(rc)
+    for a, b in zip(looped, unrolled):
+        assert_same(a.upload, b.upload, tol=0.0)
 
 
 def test_compiled_falls_back_to_eager_steps_saying_why(caplog, monkeypatch):

@@ -553,7 +553,7 @@ def machine_parsers(sub) -> None:
     q.add_argument("--device", help="where to train: auto (CUDA when present), cpu, cuda, "
                    "cuda:N or mps")
     q.add_argument("--no-compile", action="store_true", help="estimate the compiled step "
-                   "from the vmap step instead of compiling it (tens of seconds on a CPU "
+                   "from the vmap step instead of compiling it (seconds on a CPU "
                    "when torch's cache does not hold it)")
     q.set_defaults(func=cmd_calibrate)
     q = sub.add_parser("cache", help="protofl's cache folder: calibrations, compiled graphs, "

@@ -49,7 +49,7 @@ log = logging.getLogger("protofl")
 
 ENV = "PROTOFL_CALIBRATE"  # "0": never calibrate (the constants decide)
 FOLDER = "calibration"
-VERSION = 1
+VERSION = 2  # 2: the compiled window a loop on a CPU (its costs measured anew)
 STEPS = costs.COMPILED_STEPS  # local steps of each timed round (one compiled window)
 REPEATS = 3  # rounds timed of each; the fastest counts
 CLIENTS = 8  # clients of the larger timed vmap and compiled rounds (a power of two)
@@ -174,11 +174,11 @@ def measure(rc: RoundContext, names: list[str], compile: bool = False,
             compiled: Any = None) -> dict[str, float]:
     """The costs of the trainers ``names`` (of ``trainers.TRAINERS``) on ``rc``'s algorithm,
     data and setup, per step (seconds); the keys of ``costs.CPU`` they determine. The
-    compiled step is timed with ``compile`` (a compile: tens of seconds on a CPU when torch's
+    compiled step is timed with ``compile`` (a compile: seconds on a CPU when torch's
     cache does not hold the graph), on ``compiled`` (a ``CompiledTrainer``, which keeps the
     graph; default a new one) at ``rc``'s clients (``CLIENTS`` when it has none); else its
     cost per client is the vmap step's, scaled by the constants' ratio of the two."""
-    from protofl.engine.compiled import CompiledTrainer
+    from protofl.engine.compiled import CompiledTrainer, window_limit
     from protofl.engine.train import SequentialTrainer
     from protofl.engine.trainers import usable_cores
     from protofl.engine.vectorized import VectorizedTrainer
@@ -213,7 +213,7 @@ def measure(rc: RoundContext, names: list[str], compile: bool = False,
             # one window of the round's own: its clients, as many steps as its graphs take
             longest = max((costs.job_steps(j, rc.data, rc.setup.batch_size, rc.setup.by_steps)
                            for j in rc.jobs), default=STEPS)
-            w = costs.window(longest)
+            w = costs.window(longest, window_limit(rc.setup.device))
             whole = _round(rc, [j.client for j in rc.jobs] or order[:n], w)
             first, best = _timed(compiled or CompiledTrainer(), whole)
             out["compiled"] = base["compiled"]

@@ -1,7 +1,10 @@
 """The compiled trainer: the vectorized trainer's loop with every window of steps (at each,
 the clients' forward and backward under ``vmap`` and the optimizer update) compiled into one
-graph by ``torch.compile``. A window is at most ``costs.COMPILED_STEPS`` steps, fixed by the
-trainer's first round (``costs.window``: 20 local steps run as three windows of 7).
+graph by ``torch.compile``. On a CPU a window is a loop in the graph (torch's ``scan``:
+traced and compiled once, whatever its length) of at most ``costs.LOOPED_STEPS`` steps; on
+CUDA its steps are unrolled (at most ``costs.COMPILED_STEPS``), so that the window replays as
+one CUDA graph. The window is fixed by the trainer's first round (``costs.window``: 20 local
+steps run as one window of 20 on a CPU, three of 7 unrolled).
 
 A step of small models is mostly overhead (Python, dispatch, autograd bookkeeping): compiled,
 and its call shared by the window's steps, the Synthetic MLP's step costs about a fifth of the
@@ -9,16 +12,16 @@ eager one (240 against 1,174 us a step, measured with benchmarks/trainer_costs.p
 a fixed shape, so steps of ``n`` clients run at the stack size ``bucket(n)`` (the next power of
 two), the clients past their last step marked inactive and left exactly as they were
 (``optim.step_``'s ``active``), and a window past a client's last step padded with steps no
-client has; a run compiles at most ``log2(K') + 1`` sizes, each once (tens of seconds each on a
-CPU; torch's compile caches, kept in protofl's cache folder (``engine/cache.py``), serve later
+client has; a run compiles at most ``log2(K') + 1`` sizes, each once (seconds each on a CPU;
+torch's compile caches, kept in protofl's cache folder (``engine/cache.py``), serve later
 runs).
 Batches keep their padded width (weight-0 rows).
 On a CPU the graph is C++ (``cpp_wrapper``); on CUDA it is replayed as a CUDA graph.
 
 Results match the sequential trainer's within the equivalence tests' tolerance (the compiled
-arithmetic fuses and orders operations its own way). Where ``torch.compile`` cannot compile
-the step (no C++ compiler, an operation it cannot trace), the trainer says why once and takes
-the eager steps of the vectorized trainer.
+arithmetic fuses and orders operations its own way); the looped and unrolled windows give the
+same numbers. Where ``torch.compile`` cannot compile the step (no C++ compiler, an operation it
+cannot trace), the trainer says why once and takes the eager steps of the vectorized trainer.
 """
 
 from __future__ import annotations
@@ -43,6 +46,16 @@ from protofl.engine.vectorized import (
 )
 from protofl.models.nets import ProtoNet
 
+try:  # torch's loop in a graph (a higher-order op; newer torch only)
+    from torch._higher_order_ops.scan import scan as _scan
+except ImportError:  # pragma: no cover - older torch: windows unrolled
+    _scan = None
+# torch's compile caches skip graphs holding a scan unless told otherwise; its body is a
+# subgraph that their keys hash in full (as they do invoke_subgraph's, which torch caches),
+# and the key names torch's version, which fixes scan's own code
+SCAN_CACHED = {"unsafe_marked_cacheable_functions":
+               {"torch.ops.higher_order.scan": torch.__version__}}
+
 
 def compile_reason(device: torch.device) -> str | None:
     """None when ``torch.compile`` can compile a step for ``device``; else why not."""
@@ -56,19 +69,45 @@ def compile_reason(device: torch.device) -> str | None:
 
 
 def _steps(alg: Algorithm, setup: LocalSetup, in_dims: tuple, trained: tuple[str, ...],
-           kind: type, params: Tensors, buffers, x, y, w, ctx, opt: Tensors,
+           kind: type, looped: bool, params: Tensors, buffers, x, y, w, ctx, opt: Tensors,
            active: torch.Tensor):
     """Steps of a stack of clients, as one graph: at each, the gradients, then the update of
-    that step's ``active`` clients' weights and optimizer state (in place).
+    that step's ``active`` clients' trained weights and optimizer state (written back in
+    place at the end). ``looped``: the steps as a loop in the graph (torch's ``scan``: traced
+    and compiled once), else one after another (each traced and compiled).
     Inputs ``(steps, m, b, ...)``, ``active`` ``(steps, m)``."""
     step = vmapped(alg, setup, in_dims)
-    values, stats = [], []
-    for i in range(x.shape[0]):
-        grads, (value, stat) = step(params, buffers, x[i], y[i], w[i], ctx)
-        optim.step_({k: params[k] for k in trained}, grads, kind(**opt), setup, active[i])
-        values.append(value)
-        stats.append(stat)
-    return torch.stack(values), tree_map(lambda *v: torch.stack(v), *stats)
+    frozen = {k: v for k, v in params.items() if k not in trained}
+
+    def one(carry, xs):
+        p, o = carry
+        grads, out = step({**frozen, **p}, buffers, *xs[:3], ctx)
+        p, o = {k: v.clone() for k, v in p.items()}, tree_map(torch.clone, o)
+        optim.step_(p, grads, kind(**o), setup, xs[3])
+        return (p, o), out
+
+    start = carry = ({k: params[k] for k in trained}, opt)
+    if looped:
+        carry, (values, stats) = _scan(one, carry, (x, y, w, active))
+    else:
+        outs = []
+        for i in range(x.shape[0]):
+            carry, out = one(carry, (x[i], y[i], w[i], active[i]))
+            outs.append(out)
+        values, stats = tree_map(lambda *v: torch.stack(v), *outs)
+    tree_map(lambda dst, new: dst.copy_(new), start, carry)
+    return values, stats
+
+
+def window_limit(device: torch.device | str) -> int:
+    """The most steps in one graph on ``device``: ``costs.LOOPED_STEPS`` where the window is a
+    loop in the graph (a CPU, with torch's ``scan``), else ``costs.COMPILED_STEPS``."""
+    return costs.LOOPED_STEPS if _looped(torch.device(device)) else costs.COMPILED_STEPS
+
+
+def _looped(device: torch.device) -> bool:
+    # on CUDA the unrolled window replays as one CUDA graph, which a loop would break
+    return device.type == "cpu" and _scan is not None
 
 
 class GraphKey(NamedTuple):
@@ -113,11 +152,12 @@ class CompiledStep:
                     del self.graphs[old]  # an earlier round's learning rate
                 cache.use_torch_cache()
                 options = ({"triton.cudagraphs": True} if self.dev.type == "cuda"
-                           else {"cpp_wrapper": True})
+                           else {"cpp_wrapper": True, **SCAN_CACHED})
                 self.graphs[key] = torch.compile(_fresh(m), fullgraph=True, dynamic=False,
                                                  options=options)
             self.args[m] = (self.graphs[key], (
                 s.alg, s.setup, s.in_dims(), tuple(s.trained), type(s.opt),
+                _looped(self.dev),
                 {k: v[rows] for k, v in s.params.items()}, part_tree(s.buffers, s.bdims, rows)),
                 part_tree(s.ctx, s.cdims, rows), vars(s.opt.part(rows)))
         return self.args[m]
@@ -167,11 +207,13 @@ class CompiledTrainer(VectorizedTrainer):
                 or compile_reason(torch.device(device)))
 
     def estimate(self, work: costs.Work) -> float:
-        return costs.compiled_seconds(work, frozenset(k.size for k in self.graphs),
-                                      self.window)
+        steps = self.window or costs.window(max(work.steps, default=0),
+                                            window_limit(work.device))
+        return costs.compiled_seconds(work, frozenset(k.size for k in self.graphs), steps)
 
     def make_step(self, rc: RoundContext, stack: Stack, works: list[ClientWork]) -> Step:
         if self.window is None:
-            self.window = costs.window(max(len(w.batches) for w in works))
+            self.window = costs.window(max(len(w.batches) for w in works),
+                                       window_limit(rc.setup.device))
         return CompiledStep(stack, self.graphs, super().make_step(rc, stack, works),
                             self.window)

@@ -43,7 +43,7 @@ CPU = {
     "compiled": 4e-4,  # overhead of one call of a compiled graph (a window of steps)
     "compiled_client": 5e-5,  # ... and per client and step in it
     "rate": 4e10,
-    "compile": 40.0,  # one compile (one stack size)
+    "compile": 10.0,  # one compile (one stack size: a looped window, engine/compiled.py)
     "fork": 0.3,  # starting one worker process (once a run)
     "message": 2e-3,  # a round's messages to and from workers, per client
     "thread_gain": 0.65,  # each torch thread past the first adds this much arithmetic rate
@@ -54,7 +54,10 @@ CPU = {
 CUDA = {"plain": 6e-4, "vmap": 1.2e-3, "vmap_client": 2e-6, "compiled": 2e-4,
         "compiled_client": 1e-6, "rate": 5e12, "compile": 60.0, "fork": 0.3, "message": 2e-3,
         "thread_gain": 0.0, "thread_sync": 0.0}
-COMPILED_STEPS = 8  # the most steps in one compiled graph (engine/compiled.py: a window)
+# the most steps in one compiled graph (engine/compiled.py: a window), the steps one after
+# another (each traced and compiled), or as a loop in the graph (traced and compiled once)
+COMPILED_STEPS = 8
+LOOPED_STEPS = 32
 
 
 @dataclass(frozen=True)
@@ -149,11 +152,12 @@ def vmap_step(work: Work, n: int) -> float:
     return c["vmap"] + n * (c["vmap_client"] + work.arithmetic())
 
 
-def window(longest: int) -> int:
+def window(longest: int, most: int = COMPILED_STEPS) -> int:
     """Steps in one compiled graph for rounds whose longest client takes ``longest`` steps:
-    at most ``COMPILED_STEPS``, the windows as even as they can be, so that the last is padded
-    the least (20 steps: three windows of 7, one step padded, not three of 8 with four)."""
-    windows = max(1, -(-longest // COMPILED_STEPS))
+    at most ``most``, the windows as even as they can be, so that the last is padded the
+    least (20 steps at most 8: three windows of 7, one step padded, not three of 8 with
+    four)."""
+    windows = max(1, -(-longest // most))
     return max(1, -(-longest // windows))
 
 

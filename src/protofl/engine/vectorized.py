@@ -117,6 +117,11 @@ def activation_bytes(model: ProtoNet, params: Tensors, buffers: Tensors,
     return total
 
 
+def batch_width(works: list[ClientWork]) -> int:
+    """The widest batch of ``works`` (the width every batch of a stack is padded to)."""
+    return max(b.shape[0] for w in works for b in w.batches)
+
+
 def chunk_size(model: ProtoNet, start: Tensors, x: torch.Tensor, batch: int, budget: int) -> int:
     """How many clients fit ``budget``: per client, weights + gradients + optimizer state +
     temporaries (about 6 copies of the weights) and three times a batch's activations."""
@@ -191,7 +196,7 @@ class Stack:
     @classmethod
     def of(cls, rc: RoundContext, works: list[ClientWork], starts: list[Tensors],
            trained: list[str]) -> Stack:
-        params = {k: torch.stack([st["params"][k] for st in starts]).detach().clone()
+        params = {k: torch.stack([st["params"][k].detach() for st in starts])
                   for k in starts[0]["params"]}
         buffers, bdims = stack_tree([st["buffers"] for st in starts])
         ctx, cdims = stack_tree([w.ctx for w in works])
@@ -285,12 +290,12 @@ class Rows:
         self.data, self.dev = rc.data, rc.setup.device
         offsets = [int(rc.data.train_offsets[w.job.client]) for w in works]
         total = -(-len(works[0].batches) // steps) * steps  # whole windows of ``steps``
-        bmax = max(len(b) for w in works for b in w.batches)
+        bmax = batch_width(works)
         rows = torch.empty(len(works), total, bmax, dtype=torch.long)
         sizes = torch.zeros(len(works), total, dtype=torch.long)
         for i, (w, off) in enumerate(zip(works, offsets)):
             rows[i] = off  # missing steps point at the client's first row (weight 0)
-            if all(len(idx) == bmax for idx in w.batches):  # the common case: full batches
+            if all(idx.shape[0] == bmax for idx in w.batches):  # the common case: full batches
                 rows[i, :len(w.batches)] = torch.stack(w.batches) + off
                 sizes[i, :len(w.batches)] = bmax
                 continue
@@ -431,7 +436,7 @@ class VectorizedTrainer:
             log_once(f"training sequentially: {rc.alg.name}: {e}")
             return SequentialTrainer().train(rc)
         order = sorted(range(len(rc.jobs)), key=lambda i: -len(works[i].batches))
-        bmax = max(len(b) for w in works for b in w.batches)
+        bmax = batch_width(works)
         size = chunk_size(rc.alg.model, starts[0], works[0].x[:1], bmax,
                           memory_budget(rc.setup.device) if self.budget is None else self.budget)
         trained = trained_params(rc.alg, works[0], starts[0])
