@@ -50,11 +50,19 @@ try:  # torch's loop in a graph (a higher-order op; newer torch only)
     from torch._higher_order_ops.scan import scan as _scan
 except ImportError:  # pragma: no cover - older torch: windows unrolled
     _scan = None
-# torch's compile caches skip graphs holding a scan unless told otherwise; its body is a
-# subgraph that their keys hash in full (as they do invoke_subgraph's, which torch caches),
-# and the key names torch's version, which fixes scan's own code
-SCAN_CACHED = {"unsafe_marked_cacheable_functions":
-               {"torch.ops.higher_order.scan": torch.__version__}}
+
+
+def _scan_cached() -> dict:
+    """torch.compile options that let torch's compile caches keep graphs holding a scan,
+    which they skip unless told otherwise: its body is a subgraph that their keys hash in
+    full (as they do invoke_subgraph's, which torch caches), and the key names torch's
+    version, which fixes scan's own code."""
+    import torch._inductor.config as inductor
+
+    if _scan is None or not hasattr(inductor, "unsafe_marked_cacheable_functions"):
+        return {}
+    return {"unsafe_marked_cacheable_functions":
+            {"torch.ops.higher_order.scan": torch.__version__}}
 
 
 def compile_reason(device: torch.device) -> str | None:
@@ -152,7 +160,7 @@ class CompiledStep:
                     del self.graphs[old]  # an earlier round's learning rate
                 cache.use_torch_cache()
                 options = ({"triton.cudagraphs": True} if self.dev.type == "cuda"
-                           else {"cpp_wrapper": True, **SCAN_CACHED})
+                           else {"cpp_wrapper": True, **_scan_cached()})
                 self.graphs[key] = torch.compile(_fresh(m), fullgraph=True, dynamic=False,
                                                  options=options)
             self.args[m] = (self.graphs[key], (
