@@ -33,10 +33,11 @@ def _strip(rows):
 
 
 @pytest.fixture
-def measured(monkeypatch):
-    """Calibration on; ``measured(costs)`` sets what the next
+def measured(monkeypatch, tmp_path):
+    """Calibration on, in a cache of the test's own; ``measured(costs)`` sets what the next
     measurement gives (no timing) and empties the cache."""
     monkeypatch.setenv("PROTOFL_CALIBRATE", "1")
+    monkeypatch.setenv("PROTOFL_CACHE", str(tmp_path / "cache"))
 
     def use(table: dict) -> None:
         cache.clear(("calibration",))

@@ -94,16 +94,21 @@ def test_the_longest_client_leads_on_every_core_where_threads_pay():
         1 + k["thread_gain"])
     par = ParallelTrainer(2, "sequential")
     # spread: [3500] | [900, 355, 340]; led: 3500 on 2 threads, then [900] | [355, 340]
-    assert par.spread_seconds(w) == pytest.approx(3500 * plain + 4 * k["message"])
+    assert par.spread_seconds(w) == pytest.approx(3500 * plain + 4 * w.message())
     first, seconds = par.lead(w)
     assert first == 1
-    assert seconds == pytest.approx(3500 * wide + 900 * plain + 3 * k["message"])
+    assert seconds == pytest.approx(3500 * wide + 900 * plain + 3 * w.message())
     assert par.estimate(costs.Work(w.steps, 10, flops, rounds_left=10)) == pytest.approx(
         seconds + 2 * k["fork"] / 10)
     assert par.lead(costs.Work((500,) * 4, 10, flops)) == (
-        None, pytest.approx(1000 * plain + 4 * k["message"]))
+        None, pytest.approx(1000 * plain + 4 * w.message()))
     mlp = costs.forward_flops(Mlp(60, 10, hidden=(128, 256)), (60,))
     assert par.lead(costs.Work((3500, 10), 10, mlp))[0] is None
+    # a client's messages: 0.6 ms, and 0.75 ms a MB of weights (the LEAF CNN: 3.43 MB)
+    cnn = costs.Work.of(leaf_cnn((1, 28, 28), 10), torch.zeros(1, 1, 28, 28), 10, "cpu", [5])
+    assert cnn.weights == 4 * sum(p.numel() for p in leaf_cnn((1, 28, 28), 10).parameters())
+    assert cnn.message() == pytest.approx(6e-4 + cnn.weights * 7.5e-10)
+    assert 3e-3 < cnn.message() < 3.3e-3
 
 
 def test_jobs_split_longest_first_to_the_least_loaded():

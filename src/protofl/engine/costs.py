@@ -45,15 +45,16 @@ CPU = {
     "rate": 4e10,
     "compile": 10.0,  # one compile (one stack size: a looped window, engine/compiled.py)
     "fork": 0.3,  # starting one worker process (once a run)
-    "message": 2e-3,  # a round's messages to and from workers, per client
+    "message": 6e-4,  # a round's messages to and from workers, per client ...
+    "message_byte": 7.5e-10,  # ... and per byte of the model's weights
     "thread_gain": 0.65,  # each torch thread past the first adds this much arithmetic rate
     "thread_sync": 2.5e-5,  # ... and costs this much a step (its share of the sync)
 }
 # on a GPU the arithmetic of these models is nearly free and every launch costs: vmap pays
 # (estimates until measured on a GPU: benchmarks/gpu.sh)
 CUDA = {"plain": 6e-4, "vmap": 1.2e-3, "vmap_client": 2e-6, "compiled": 2e-4,
-        "compiled_client": 1e-6, "rate": 5e12, "compile": 60.0, "fork": 0.3, "message": 2e-3,
-        "thread_gain": 0.0, "thread_sync": 0.0}
+        "compiled_client": 1e-6, "rate": 5e12, "compile": 60.0, "fork": 0.3, "message": 6e-4,
+        "message_byte": 7.5e-10, "thread_gain": 0.0, "thread_sync": 0.0}
 # the most steps in one compiled graph (engine/compiled.py: a window), the steps one after
 # another (each traced and compiled), or as a loop in the graph (traced and compiled once)
 COMPILED_STEPS = 8
@@ -63,7 +64,8 @@ LOOPED_STEPS = 32
 @dataclass(frozen=True)
 class Work:
     """A set of clients' local training: each client's steps, the batch, the model's forward
-    FLOPs per sample, the device, and the run's rounds left (this one included)."""
+    FLOPs per sample, the device, the run's rounds left (this one included) and the bytes of
+    the model's weights."""
 
     steps: tuple[int, ...]
     batch: int
@@ -71,13 +73,20 @@ class Work:
     device: str = "cpu"
     rounds_left: int = 1
     table: dict[str, float] | None = field(default=None, compare=False, hash=False)
+    weights: int = 0
 
     @classmethod
     def of(cls, model: torch.nn.Module, x1: torch.Tensor, batch: int, device: str | torch.device,
            steps: list[int], rounds_left: int = 1) -> Work:
         """The work of ``steps`` of ``model`` at ``batch`` rows like ``x1`` on ``device``."""
         return cls(tuple(steps), batch, forward_flops(model, tuple(x1.shape[1:]), x1.dtype),
-                   torch.device(device).type, rounds_left)
+                   torch.device(device).type, rounds_left,
+                   weights=sum(p.numel() * p.element_size() for p in model.parameters()))
+
+    def message(self) -> float:
+        """Seconds of one client's messages to and from a worker process."""
+        c = self.constants()
+        return c["message"] + self.weights * c["message_byte"]
 
     def constants(self) -> dict[str, float]:
         if self.table is not None:

@@ -221,7 +221,7 @@ class ParallelTrainer:
                   for part in costs.split(list(work.steps), self.workers) if part]
         longest = max((min(e.estimate(dataclasses.replace(work, steps=share))
                            for e in self.estimators) for share in shares), default=0.0)
-        return longest + work.constants()["message"] * len(work.steps)
+        return longest + work.message() * len(work.steps)
 
     def lead(self, work: costs.Work) -> tuple[int | None, float]:
         """The job trained alone on every worker's core before the others are spread (the
